@@ -1,0 +1,95 @@
+"""Work lists for the persistent kernels, built with tensor ops where the offsets live.
+
+A forward tile is (batch, head, query block); its id in grid order is
+``(b * H + h) * n_m_blocks + m``. A schedule is a permutation of those ids (the work list)
+plus the number of leading entries that hold query rows (``n_work``, a 1-element device
+tensor): jagged-Q grids are sized by the longest sequence, and tiles past a sequence's end are
+moved behind ``n_work`` so the kernel never visits them. Nothing here reads a device value on
+the host, so building a schedule never synchronizes.
+
+- static: valid tiles in grid order.
+- lpt: valid tiles by cost (KV blocks visited) descending, dealt to the persistent CTAs in a
+  zigzag: round r gives CTA c list position r*G + c on even rounds and r*G + (G-1-c) on odd
+  ones, so each CTA gets a mix of long and short tiles.
+- dynamic: the same cost order without the zigzag; CTAs take positions from an atomic counter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SCHEDULES = ("static", "lpt", "dynamic")
+
+
+@dataclass
+class WorkList:
+    tiles: torch.Tensor  # int32 [n_slots]: tile ids in execution order
+    n_work: torch.Tensor  # int32 [1]: leading entries that hold work
+    costs: torch.Tensor  # int32 [n_slots]: KV blocks each listed tile visits
+    n_m_blocks: int
+
+
+def fwd_tile_costs(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: int | None, H: int,
+                   n_m_blocks: int, block_m: int, block_n: int, window: int | None, causal: bool):
+    """(cost, has_rows) per tile in grid order; the same geometry as the kernel's `_tile_geometry`."""
+    kv_offsets = kv_offsets.to(torch.int64)
+    Lk = (kv_offsets[1:] - kv_offsets[:-1])[:, None]  # [B, 1]
+    if q_offsets is None:
+        Lq_b = torch.full_like(Lk, Lq)
+    else:
+        q_offsets = q_offsets.to(torch.int64)
+        Lq_b = (q_offsets[1:] - q_offsets[:-1])[:, None]
+    m0 = torch.arange(n_m_blocks, device=kv_offsets.device)[None, :] * block_m  # [1, M]
+    last_row = torch.minimum(m0 + block_m, Lq_b) - 1
+    lo = torch.zeros_like(last_row)
+    hi = Lk.expand_as(last_row)
+    if window is not None:
+        lo = torch.clamp(m0 - window, min=0).expand_as(last_row)
+        hi = torch.minimum(hi, last_row + window + 1)
+    if causal:
+        hi = torch.minimum(hi, last_row + Lk - Lq_b + 1)
+    blk_lo = lo // block_n
+    has_rows = last_row >= m0
+    cost = torch.where((hi > lo) & has_rows, (hi + block_n - 1) // block_n - blk_lo, 0)
+    B = Lk.shape[0]
+    # Every head of a (batch, block) costs the same: repeat over heads in grid order.
+    cost = cost[:, None, :].expand(B, H, n_m_blocks).reshape(-1)
+    has_rows = has_rows[:, None, :].expand(B, H, n_m_blocks).reshape(-1)
+    return cost.to(torch.int32), has_rows
+
+
+def zigzag(order: torch.Tensor, n_valid: torch.Tensor, n_ctas: int) -> torch.Tensor:
+    """Re-deal `order` (best first) so that CTA c, reading positions c, c+G, ..., gets a zigzag.
+
+    Only full rounds inside the valid prefix are reversed, so the prefix stays the prefix."""
+    n = order.numel()
+    p = torch.arange(n, device=order.device)
+    rnd, lane = p // n_ctas, p % n_ctas
+    full = (rnd + 1) * n_ctas <= n_valid
+    dest = torch.where((rnd % 2 == 1) & full, rnd * n_ctas + (n_ctas - 1 - lane), p)
+    out = torch.empty_like(order)
+    out[dest] = order
+    return out
+
+
+def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: int | None, H: int,
+                  max_seq_len_q: int, *, block_m: int, block_n: int, window: int | None, causal: bool,
+                  schedule: str, n_ctas: int) -> WorkList:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    rows = Lq if q_offsets is None else max_seq_len_q
+    n_m_blocks = max(1, -(-rows // block_m))
+    cost, has_rows = fwd_tile_costs(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m, block_n, window, causal)
+    n_work = has_rows.sum().to(torch.int32).reshape(1)
+    if schedule == "static":
+        # Valid tiles first, grid order kept (the sort is stable).
+        key = has_rows.to(torch.int32)
+    else:
+        # Longest first; tiles with rows but no visible key still run (they write zeros).
+        key = torch.where(has_rows, cost + 1, 0)
+    order = torch.sort(key, descending=True, stable=True).indices
+    if schedule == "lpt":
+        order = zigzag(order, n_work, n_ctas)
+    return WorkList(tiles=order.to(torch.int32), n_work=n_work, costs=cost[order].to(torch.int32),
+                    n_m_blocks=n_m_blocks)

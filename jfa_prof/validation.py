@@ -1,0 +1,137 @@
+"""Argument checks for the jagged attention op (SPEC §2), with messages that say what to fix.
+
+Shape, dtype and device checks read only metadata. Checks on offset *values* need the
+offsets on the host, which on a GPU is a device sync; they are gathered into one small tensor
+and read with a single ``.tolist()``, and ``check_values=False`` skips them for hot paths.
+
+Broadcast-Q and ``q_offsets``: the kernel ignores them, but a caller may pass the offsets of
+the equivalent repeated-Q layout, ``arange(B+1)·Lq`` (what :meth:`Workload.make` returns and
+what peers take). Anything else means the caller thinks Q is jagged, so it is rejected.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+__all__ = ["JaggedInputError", "validate_attention_inputs"]
+
+_DTYPES = (torch.bfloat16, torch.float16)
+_HEAD_DIMS = (64, 128)
+_OFFSET_DTYPES = (torch.int32, torch.int64)
+
+
+class JaggedInputError(ValueError):
+    """Arguments that the jagged attention op cannot accept."""
+
+
+def _check_offsets_meta(name: str, offsets, device: torch.device) -> None:
+    if not isinstance(offsets, torch.Tensor):
+        raise JaggedInputError(f"{name} must be a torch.Tensor, got {type(offsets).__name__}")
+    if offsets.dtype not in _OFFSET_DTYPES:
+        raise JaggedInputError(f"{name} must be int32 or int64, got {offsets.dtype}")
+    if offsets.dim() != 1:
+        raise JaggedInputError(f"{name} must be 1-D [B+1], got shape {tuple(offsets.shape)}")
+    if offsets.numel() < 2:
+        raise JaggedInputError(
+            f"{name} must have at least 2 entries ([0, len_0]), got {offsets.numel()}")
+    if offsets.device != device:
+        raise JaggedInputError(f"{name} is on {offsets.device} but q is on {device}")
+
+
+def _offset_stats(offsets: torch.Tensor) -> list[torch.Tensor]:
+    """first, last, smallest step and where it is: all a value check needs, still on device."""
+    o = offsets.to(torch.int64)
+    steps = o[1:] - o[:-1]
+    return [o[0], o[-1], steps.min(), steps.argmin()]
+
+
+def _check_offsets_values(name, first, last, min_step, at, rows, rows_of) -> None:
+    if first != 0:
+        raise JaggedInputError(f"{name}[0] must be 0, got {first}")
+    if min_step < 0:
+        raise JaggedInputError(
+            f"{name} must be non-decreasing, but {name}[{at + 1}] - {name}[{at}] = {min_step}")
+    if last != rows:
+        raise JaggedInputError(
+            f"{name}[-1] must equal the number of rows of {rows_of} ({rows}), got {last}")
+
+
+def validate_attention_inputs(
+    q, k, v, q_offsets, kv_offsets, *, broadcast_q: bool, causal: bool,
+    window_size, sm_scale=None, check_values: bool = True,
+) -> None:
+    """Raise :class:`JaggedInputError` if the arguments break the SPEC §2 contract."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise JaggedInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise JaggedInputError(
+                f"{name} must be 3-D [rows, heads, head_dim], got shape {tuple(t.shape)}")
+    if q.dtype not in _DTYPES:
+        raise JaggedInputError(f"q must be bfloat16 or float16, got {q.dtype}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise JaggedInputError(f"{name} is {t.dtype} but q is {q.dtype}; they must match")
+        if t.device != q.device:
+            raise JaggedInputError(f"{name} is on {t.device} but q is on {q.device}")
+    if k.shape != v.shape:
+        raise JaggedInputError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    h, h_kv = q.shape[1], k.shape[1]
+    if h_kv == 0 or h % h_kv:
+        raise JaggedInputError(f"q heads ({h}) must be a multiple of k/v heads ({h_kv})")
+    if q.shape[2] != k.shape[2]:
+        raise JaggedInputError(
+            f"q head dim ({q.shape[2]}) must equal k/v head dim ({k.shape[2]})")
+    if q.shape[2] not in _HEAD_DIMS:
+        raise JaggedInputError(f"head dim must be one of {_HEAD_DIMS}, got {q.shape[2]}")
+
+    if causal and broadcast_q:
+        raise JaggedInputError("causal=True is only supported for jagged Q, not broadcast_q=True")
+    if window_size is not None:
+        if isinstance(window_size, bool) or not isinstance(window_size, numbers.Integral):
+            raise JaggedInputError(
+                f"window_size must be an int or None, got {type(window_size).__name__}")
+        if window_size < 0:
+            raise JaggedInputError(f"window_size must be >= 0, got {window_size}")
+    if sm_scale is not None:
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+            raise JaggedInputError(
+                f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
+        if not (math.isfinite(sm_scale) and sm_scale > 0):
+            raise JaggedInputError(f"sm_scale must be finite and > 0, got {sm_scale}")
+
+    _check_offsets_meta("kv_offsets", kv_offsets, q.device)
+    batch = kv_offsets.numel() - 1
+    if q_offsets is None:
+        if not broadcast_q:
+            raise JaggedInputError("q_offsets is required for jagged Q (broadcast_q=False)")
+    else:
+        _check_offsets_meta("q_offsets", q_offsets, q.device)
+        if q_offsets.numel() != batch + 1:
+            raise JaggedInputError(
+                f"q_offsets has {q_offsets.numel()} entries but kv_offsets has {batch + 1}; "
+                "both must be [B+1]")
+
+    if not check_values:
+        return
+    stats = _offset_stats(kv_offsets)
+    if q_offsets is not None:
+        stats += _offset_stats(q_offsets)
+        if broadcast_q:
+            expected = torch.arange(batch + 1, device=q.device, dtype=torch.int64) * q.shape[0]
+            stats.append((q_offsets.to(torch.int64) != expected).any().to(torch.int64))
+    values = torch.stack(stats).tolist()  # the one host sync
+
+    _check_offsets_values("kv_offsets", *values[0:4], rows=k.shape[0], rows_of="k")
+    if q_offsets is None:
+        return
+    if broadcast_q:
+        if values[8]:
+            raise JaggedInputError(
+                "broadcast_q=True takes q_offsets=None or arange(B+1) * Lq "
+                f"(Lq = q.shape[0] = {q.shape[0]}); the q_offsets given describe a jagged Q")
+    else:
+        _check_offsets_values("q_offsets", *values[4:8], rows=q.shape[0], rows_of="q")

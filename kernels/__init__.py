@@ -1,0 +1,1 @@
+"""TLX Jagged Flash Attention kernels (import as jfa_prof.kernels)."""

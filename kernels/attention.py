@@ -1,0 +1,112 @@
+"""The public op: `jagged_flash_attention` (SPEC §2), a torch custom op around the TLX kernels."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from jfa_prof import records
+from jfa_prof.schedule import fwd_work_list
+from jfa_prof.validation import validate_attention_inputs
+
+_NO_WINDOW = -1  # custom ops take plain ints: -1 stands for "no window"
+
+
+@dataclass
+class FwdLaunch:
+    """What one forward launch used, kept for the instrumentation readers."""
+    n_ctas: int
+    n_slots: int
+    layout: records.Layout | None
+    work: object
+
+
+def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, heads, dim = t.shape
+    flat = t.view(rows, heads * dim)
+    return TensorDescriptor(flat, shape=[rows, heads * dim], strides=[heads * dim, 1],
+                            block_shape=[block_rows, head_dim])
+
+
+def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
+               schedule="lpt", peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
+               lse_out=None):
+    """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
+
+    The record buffer is allocated here when `profile` is set, sized for every work-list slot
+    unless `record_capacity` asks for fewer (then the kernel counts what it had to drop)."""
+    from jfa_prof.kernels import fwd
+
+    H, D = q.shape[1], q.shape[2]
+    H_kv = k.shape[1]
+    B = kv_offsets.numel() - 1
+    Lq = q.shape[0] if broadcast_q else None
+    total_rows = B * q.shape[0] if broadcast_q else q.shape[0]
+    # Callers (tests) may pass poisoned buffers so that unwritten elements show.
+    o = torch.empty((total_rows, H, D), dtype=q.dtype, device=q.device) if out is None else out
+    lse = torch.empty((H, total_rows), dtype=torch.float32, device=q.device) if lse_out is None else lse_out
+    if n_ctas is None:
+        n_ctas = torch.cuda.get_device_properties(q.device).multi_processor_count
+    work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, Lq, H, max_seq_len_q,
+                         block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=window, causal=causal,
+                         schedule=schedule, n_ctas=n_ctas)
+    n_slots = work.tiles.numel()
+    grid = max(1, min(n_ctas, n_slots))
+    queue = torch.zeros(1, dtype=torch.int32, device=q.device) if schedule == "dynamic" else work.n_work
+    layout = None
+    if profile:
+        cap = n_slots if record_capacity is None else record_capacity
+        layout = records.Layout(tile_capacity=cap, n_ctas=grid, n_roles=len(records.FWD_ROLES),
+                                n_sites=len(records.FWD_SITES))
+        rec = torch.zeros(layout.total_words, dtype=torch.int64, device=q.device)
+        rec[records.Header.CAPACITY] = cap
+    else:
+        rec = torch.zeros(1, dtype=torch.int64, device=q.device)
+    q_off = kv_offsets if q_offsets is None else q_offsets
+    fwd._jfa_fwd[(grid, )](
+        _descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, fwd.BLOCK_N, D), _descriptor(v, fwd.BLOCK_N, D),
+        o, lse, q_off, kv_offsets, work.tiles, work.n_work, queue, rec,
+        sm_scale, H, H // H_kv, work.n_m_blocks, Lq or 0, window if window is not None else 0, total_rows,
+        layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
+        layout.spans_offset if layout else 0, layout.waits_offset if layout else 0,
+        **fwd.fwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal, has_window=window is not None,
+                             peel=peel, schedule=schedule, profile=profile),
+        num_warps=fwd.NUM_WARPS, num_stages=1)
+    return o, lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work)
+
+
+@torch.library.custom_op("jfa_prof::jfa_fwd", mutates_args=())
+def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+                kv_offsets: torch.Tensor, max_seq_len_q: int, sm_scale: float, window: int, causal: bool,
+                broadcast_q: bool, schedule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    o, lse, _, _ = fwd_launch(q, k, v, None if broadcast_q else q_offsets, kv_offsets, max_seq_len_q,
+                              sm_scale=sm_scale, window=None if window == _NO_WINDOW else window, causal=causal,
+                              broadcast_q=broadcast_q, schedule=schedule)
+    return o, lse
+
+
+@_jfa_fwd_op.register_fake
+def _(q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, schedule):
+    H, D = q.shape[1], q.shape[2]
+    rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast_q else q.shape[0]
+    return q.new_empty((rows, H, D)), q.new_empty((H, rows), dtype=torch.float32)
+
+
+def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale=None,
+                           window_size=None, causal=False, broadcast_q=False, schedule="lpt", validate=True,
+                           return_lse=False):
+    """Attention over packed variable-length sequences (SPEC §2).
+
+    `validate=False` skips the checks that read offsets values (one host sync on a GPU)."""
+    validate_attention_inputs(q, k, v, q_offsets, kv_offsets, broadcast_q=broadcast_q, causal=causal,
+                              window_size=window_size, sm_scale=sm_scale, check_values=validate)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    q_off = q_offsets if q_offsets is not None else kv_offsets
+    o, lse = _jfa_fwd_op(q, k, v, q_off, kv_offsets, int(max_seq_len_q), float(sm_scale),
+                         _NO_WINDOW if window_size is None else int(window_size), bool(causal), bool(broadcast_q),
+                         schedule)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,471 @@
+"""Jagged Flash Attention forward for Hopper (sm_90a), written in TLX.
+
+Persistent and warp-specialized:
+- one producer warpgroup issues TMA loads of Q (once per tile) and of K/V blocks into a ring of
+  shared-memory stages, each guarded by a full/empty mbarrier pair;
+- two consumer warpgroups each own 64 of the tile's 128 query rows and take turns on the tensor
+  cores (ping-pong through two named barriers), so one's softmax overlaps the other's matmuls;
+  inside a consumer, the P·V matmul of block j-1 runs while the softmax of block j is computed.
+
+A tile is (batch, head, query block). The persistent CTAs walk a work list of tile ids built on
+the device (`jfa_prof.schedule`): in list order with a stride (static / LPT-zigzag lists) or by
+taking the next list position from a global atomic counter (dynamic; Hopper has no CLC).
+
+Masking is peeled: KV blocks that every valid row of a consumer sees in full run without the
+mask arithmetic; only the boundary blocks (sequence end, window edges, causal diagonal) pay for
+it. PEEL=False masks every block so the effect can be measured.
+"""
+import triton
+import triton.language as tl
+import triton.language.extra.tlx as tlx
+
+from jfa_prof.kernels import profiling as prof
+from jfa_prof.kernels.registry import KernelVariant, provider
+from jfa_prof.records import FWD_ROLES, FWD_SITES
+
+BLOCK_M = 128  # query rows per tile: two consumer warpgroups of 64
+BLOCK_N = 128  # keys per KV block
+NUM_CONSUMERS = 2
+NUM_KV_STAGES = 2
+CONSUMER_REGS = 232
+NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
+
+# Named barriers for the consumers' turns on the tensor cores (ids 0..7 are left to the compiler).
+_TURN_0 = tl.constexpr(9)
+_TURN_1 = tl.constexpr(10)
+_CONSUMER_THREADS = tl.constexpr(256)  # both consumer warpgroups meet at the turn barriers
+
+# Barrier-wait site ids, positions in records.FWD_SITES.
+_S_Q_EMPTY = tl.constexpr(FWD_SITES.index("q_empty"))
+_S_K_EMPTY = tl.constexpr(FWD_SITES.index("k_empty"))
+_S_V_EMPTY = tl.constexpr(FWD_SITES.index("v_empty"))
+_S_Q_FULL = tl.constexpr(FWD_SITES.index("q_full"))
+_S_K_FULL = tl.constexpr(FWD_SITES.index("k_full"))
+_S_V_FULL = tl.constexpr(FWD_SITES.index("v_full"))
+_S_TURN = tl.constexpr(FWD_SITES.index("mma_turn"))
+_S_QUEUE = tl.constexpr(FWD_SITES.index("queue"))
+_N_SITES = tl.constexpr(len(FWD_SITES))
+_N_ROLES = tl.constexpr(len(FWD_ROLES))
+
+SCHEDULE_IDS = {"static": 0, "lpt": 1, "dynamic": 2}
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile geometry: every role derives the same numbers from the tile id, so producer and consumers
+# agree on which KV blocks a tile visits without talking to each other.
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _tile_geometry(tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets,
+                   BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    bh = tile // n_m_blocks
+    m_blk = tile % n_m_blocks
+    b = bh // H
+    h = bh % H
+    kv_start = tl.load(kv_offsets + b)
+    Lk = tl.load(kv_offsets + b + 1) - kv_start
+    if BROADCAST_Q:
+        Lq = Lq_bcast
+        q_row0 = 0  # Q rows are shared: every sequence reads rows [0, Lq)
+        o_row0 = b * Lq_bcast
+    else:
+        q_row0 = tl.load(q_offsets + b)
+        Lq = tl.load(q_offsets + b + 1) - q_row0
+        o_row0 = q_row0
+    m0 = m_blk * BLOCK_M
+    last_row = tl.minimum(m0 + BLOCK_M, Lq) - 1
+    lo = 0
+    hi = Lk
+    if HAS_WINDOW:
+        lo = tl.maximum(m0 - window, 0)
+        hi = tl.minimum(hi, last_row + window + 1)
+    if CAUSAL:
+        hi = tl.minimum(hi, last_row + Lk - Lq + 1)
+    blk_lo = lo // BLOCK_N
+    n_blocks = tl.where((hi > lo) & (last_row >= m0), tl.cdiv(hi, BLOCK_N) - blk_lo, 0)
+    return b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks
+
+
+@triton.jit
+def _next_position(pos, n_progs, queue, DYNAMIC: tl.constexpr):
+    if DYNAMIC:
+        return tl.atomic_add(queue, 1) + n_progs
+    else:
+        return pos + n_progs
+
+
+@triton.jit
+def _load_kv(desc, bufs, fulls, empties, cnt, row, col, n_bytes: tl.constexpr, cycles, count,
+             NUM_STAGES: tl.constexpr, PROFILE: tl.constexpr):
+    idx = cnt % NUM_STAGES
+    phase = (cnt // NUM_STAGES) & 1
+    cycles, count = prof.timed_wait(empties[idx], phase ^ 1, cycles, count, PROFILE)
+    tlx.barrier_expect_bytes(fulls[idx], n_bytes)
+    tlx.async_descriptor_load(desc, bufs[idx], [row, col], fulls[idx])
+    return cycles, count
+
+
+# ---------------------------------------------------------------------------------------------
+# Consumer: one KV block of online softmax. FIRST has no previous P·V to issue; MASKED applies
+# the sequence-end / window / causal mask to the scores.
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, cnt, blk,
+                   p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid: tl.constexpr,
+                   w_k, n_k, w_turn, n_turn,
+                   FIRST: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+                   PROFILE: tl.constexpr):
+    idx = cnt % NUM_STAGES
+    phase = (cnt // NUM_STAGES) & 1
+    w_k, n_k = prof.timed_wait(k_fulls[idx], phase, w_k, n_k, PROFILE)
+    # Ping-pong: consumer 0 issues its QK^T first, then consumer 1, alternating every block.
+    if cid == 0:
+        w_turn, n_turn = prof.timed_named_wait(_TURN_0, _CONSUMER_THREADS, w_turn, n_turn, PROFILE)
+    else:
+        w_turn, n_turn = prof.timed_named_wait(_TURN_1, _CONSUMER_THREADS, w_turn, n_turn, PROFILE)
+    qk = tlx.async_dot(q_buf, tlx.local_trans(k_tiles[idx]))
+    if cid == 0:
+        tlx.named_barrier_arrive(_TURN_1, _CONSUMER_THREADS)
+    else:
+        tlx.named_barrier_arrive(_TURN_0, _CONSUMER_THREADS)
+    if not FIRST:
+        # P·V of the previous block, issued behind QK^T so it overlaps this block's softmax.
+        prev = (cnt - 1) % NUM_STAGES
+        prev_phase = ((cnt - 1) // NUM_STAGES) & 1
+        tlx.barrier_wait(v_fulls[prev], prev_phase)
+        acc = tlx.async_dot(p.to(q_buf.dtype), v_tiles[prev], acc)
+        qk = tlx.async_dot_wait(1, qk)
+    else:
+        qk = tlx.async_dot_wait(0, qk)
+    tlx.barrier_arrive(k_empties[idx], 1)
+
+    if MASKED:
+        cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        visible = cols[None, :] < Lk
+        if HAS_WINDOW:
+            diff = row_ids[:, None] - cols[None, :]
+            visible = visible & (diff <= window) & (diff >= -window)
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= row_ids[:, None] + (Lk - Lq))
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    if MASKED:
+        # A row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_sub = m_new
+    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    m_i = m_new
+    if not FIRST:
+        acc = tlx.async_dot_wait(0, acc)
+        tlx.barrier_arrive(v_empties[prev], 1)
+    acc = acc * alpha[:, None]
+    return p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn
+
+
+@triton.jit
+def _consume_range(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, cnt, blk_start,
+                   blk_end, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid: tl.constexpr,
+                   w_k, n_k, w_turn, n_turn, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+                   PROFILE: tl.constexpr):
+    for blk in range(blk_start, blk_end):
+        p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn = _consume_block(
+            q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, cnt, blk, p, acc, m_i,
+            l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_k, n_k, w_turn, n_turn, False, MASKED,
+            CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+        cnt += 1
+    return cnt, p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn
+
+
+@triton.jit
+def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
+             work_list, n_work_ptr, queue_ptr, rec_ptr,
+             sm_scale, H, GROUP, n_m_blocks, Lq_bcast, window, total_rows,
+             rec_tiles_off, rec_tile_cap, rec_spans_off, rec_waits_off,
+             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+             PEEL: tl.constexpr, SCHEDULE: tl.constexpr, PROFILE: tl.constexpr,
+             NUM_STAGES: tl.constexpr):
+    SPLIT_M: tl.constexpr = BLOCK_M // 2
+    DYNAMIC: tl.constexpr = SCHEDULE == 2
+    dtype: tl.constexpr = tlx.dtype_of(desc_q)
+    TILE_BYTES_Q: tl.constexpr = tlx.size_of(dtype) * SPLIT_M * HEAD_DIM
+    TILE_BYTES_KV: tl.constexpr = tlx.size_of(dtype) * BLOCK_N * HEAD_DIM
+
+    pid = tl.program_id(0)
+    n_progs = tl.num_programs(0)
+    n_work = tl.load(n_work_ptr)
+
+    q_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 2)
+    k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)
+    v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)
+    q_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    k_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
+    k_empties = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=2)
+    v_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
+    v_empties = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=2)
+    # Dynamic schedule: the producer takes list positions from the global queue and hands each to
+    # both consumers through a one-slot shared-memory mailbox per consumer.
+    pos_box = tlx.local_alloc((1, ), tl.int32, 2)
+    pos_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    pos_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+
+    with tlx.async_tasks():
+        # ----------------------------------------------------------------------------------
+        # Producer: TMA loads of Q and K/V; in the dynamic schedule also the work queue.
+        # ----------------------------------------------------------------------------------
+        with tlx.async_task("default"):
+            if PROFILE:
+                sm = prof.smid()
+                t_first = prof.globaltimer()
+                c_first = tlx.clock64()
+            w_qe = tl.zeros([], tl.int64)
+            n_qe = tl.zeros([], tl.int64)
+            w_ke = tl.zeros([], tl.int64)
+            n_ke = tl.zeros([], tl.int64)
+            w_ve = tl.zeros([], tl.int64)
+            n_ve = tl.zeros([], tl.int64)
+            w_pe = tl.zeros([], tl.int64)
+            n_pe = tl.zeros([], tl.int64)
+            kv_cnt = 0
+            q_cnt = 0
+            n_done = 0
+            pos = pid
+            while pos < n_work:
+                if DYNAMIC:
+                    for c in tl.static_range(2):
+                        w_pe, n_pe = prof.timed_wait(pos_empties[c], (n_done & 1) ^ 1, w_pe, n_pe, PROFILE)
+                        tlx.local_store(pos_box[c], tl.full([1], pos, tl.int32))
+                        tlx.barrier_arrive(pos_fulls[c], 1)
+                tile = tl.load(work_list + pos)
+                b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks = _tile_geometry(
+                    tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
+                    CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+                if n_blocks > 0:
+                    kv_col = (h // GROUP) * HEAD_DIM
+                    q_phase = q_cnt & 1
+                    # Q for consumer 0, first K, Q for consumer 1, first V: consumer 0 starts early.
+                    w_qe, n_qe = prof.timed_wait(q_empties[0], q_phase ^ 1, w_qe, n_qe, PROFILE)
+                    tlx.barrier_expect_bytes(q_fulls[0], TILE_BYTES_Q)
+                    tlx.async_descriptor_load(desc_q, q_tiles[0], [q_row0 + m0, h * HEAD_DIM], q_fulls[0])
+                    w_ke, n_ke = _load_kv(desc_k, k_tiles, k_fulls, k_empties, kv_cnt,
+                                          kv_start + blk_lo * BLOCK_N, kv_col, TILE_BYTES_KV, w_ke, n_ke,
+                                          NUM_STAGES, PROFILE)
+                    w_qe, n_qe = prof.timed_wait(q_empties[1], q_phase ^ 1, w_qe, n_qe, PROFILE)
+                    tlx.barrier_expect_bytes(q_fulls[1], TILE_BYTES_Q)
+                    tlx.async_descriptor_load(desc_q, q_tiles[1], [q_row0 + m0 + SPLIT_M, h * HEAD_DIM],
+                                              q_fulls[1])
+                    w_ve, n_ve = _load_kv(desc_v, v_tiles, v_fulls, v_empties, kv_cnt,
+                                          kv_start + blk_lo * BLOCK_N, kv_col, TILE_BYTES_KV, w_ve, n_ve,
+                                          NUM_STAGES, PROFILE)
+                    kv_cnt += 1
+                    for j in range(1, n_blocks):
+                        row = kv_start + (blk_lo + j) * BLOCK_N
+                        w_ke, n_ke = _load_kv(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, row, kv_col,
+                                              TILE_BYTES_KV, w_ke, n_ke, NUM_STAGES, PROFILE)
+                        w_ve, n_ve = _load_kv(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, row, kv_col,
+                                              TILE_BYTES_KV, w_ve, n_ve, NUM_STAGES, PROFILE)
+                        kv_cnt += 1
+                    q_cnt += 1
+                n_done += 1
+                pos = _next_position(pos, n_progs, queue_ptr, DYNAMIC)
+            if DYNAMIC:
+                # Tell both consumers the queue is drained.
+                for c in tl.static_range(2):
+                    tlx.barrier_wait(pos_empties[c], (n_done & 1) ^ 1)
+                    tlx.local_store(pos_box[c], tl.full([1], pos, tl.int32))
+                    tlx.barrier_arrive(pos_fulls[c], 1)
+            if PROFILE:
+                prof.write_span(rec_ptr, rec_spans_off, pid, 0, _N_ROLES, sm, t_first, prof.globaltimer(),
+                                c_first, tlx.clock64(), n_done)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, 0, _N_ROLES, _S_Q_EMPTY, _N_SITES, w_qe, n_qe)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, 0, _N_ROLES, _S_K_EMPTY, _N_SITES, w_ke, n_ke)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, 0, _N_ROLES, _S_V_EMPTY, _N_SITES, w_ve, n_ve)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, 0, _N_ROLES, _S_QUEUE, _N_SITES, w_pe, n_pe)
+
+        # ----------------------------------------------------------------------------------
+        # Consumers: online softmax over the tile's KV blocks, 64 query rows each.
+        # ----------------------------------------------------------------------------------
+        with tlx.async_task(num_warps=4, registers=232, replicate=2):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if PROFILE:
+                sm = prof.smid()
+                t_first = prof.globaltimer()
+                c_first = tlx.clock64()
+            w_qf = tl.zeros([], tl.int64)
+            n_qf = tl.zeros([], tl.int64)
+            w_kf = tl.zeros([], tl.int64)
+            n_kf = tl.zeros([], tl.int64)
+            w_vf = tl.zeros([], tl.int64)
+            n_vf = tl.zeros([], tl.int64)
+            w_turn = tl.zeros([], tl.int64)
+            n_turn = tl.zeros([], tl.int64)
+            w_pf = tl.zeros([], tl.int64)
+            n_pf = tl.zeros([], tl.int64)
+            qk_scale = sm_scale * 1.44269504088896  # softmax in base 2: exp(x) = exp2(x * log2(e))
+            kv_cnt = 0
+            q_cnt = 0
+            n_done = 0
+            if cid == 1:
+                # Consumer 0 takes the first turn on the tensor cores.
+                tlx.named_barrier_arrive(_TURN_0, _CONSUMER_THREADS)
+            pos = pid
+            if DYNAMIC:
+                w_pf, n_pf = prof.timed_wait(pos_fulls[cid], 0, w_pf, n_pf, PROFILE)
+                pos = tl.sum(tlx.local_load(pos_box[cid]), 0)
+                tlx.barrier_arrive(pos_empties[cid], 1)
+            while pos < n_work:
+                if PROFILE:
+                    t0 = prof.globaltimer()
+                    c0 = tlx.clock64()
+                tile = tl.load(work_list + pos)
+                b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks = _tile_geometry(
+                    tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
+                    CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+                r0 = m0 + cid * SPLIT_M
+                row_ids = r0 + tl.arange(0, SPLIT_M)
+                m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
+                l_i = tl.zeros([SPLIT_M], tl.float32)
+                acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
+                if n_blocks > 0:
+                    # Blocks every valid row of this consumer sees in full need no mask.
+                    r_first = r0
+                    r_last = tl.minimum(r0 + SPLIT_M, Lq) - 1
+                    full_lo = 0
+                    full_hi = Lk
+                    if HAS_WINDOW:
+                        full_lo = tl.maximum(r_last - window, 0)
+                        full_hi = tl.minimum(full_hi, r_first + window + 1)
+                    if CAUSAL:
+                        full_hi = tl.minimum(full_hi, r_first + Lk - Lq + 1)
+                    blk_hi = blk_lo + n_blocks
+                    if PEEL:
+                        mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), blk_lo + 1), blk_hi)
+                        mid_hi = tl.minimum(tl.maximum(full_hi // BLOCK_N, mid_lo), blk_hi)
+                        mid_hi = tl.where(r_last >= r_first, mid_hi, mid_lo)
+                    else:
+                        mid_lo = blk_hi
+                        mid_hi = blk_hi
+                    q_buf = q_tiles[cid]
+                    w_qf, n_qf = prof.timed_wait(q_fulls[cid], q_cnt & 1, w_qf, n_qf, PROFILE)
+                    p = tl.zeros([SPLIT_M, BLOCK_N], tl.float32)
+                    p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_block(
+                        q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, blk_lo,
+                        p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
+                        n_turn, True, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+                    kv_cnt += 1
+                    # Masked head (window start), unmasked middle, masked tail (end, diagonal).
+                    kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
+                        q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, blk_lo + 1,
+                        mid_lo, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
+                        n_turn, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+                    kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
+                        q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, mid_lo,
+                        mid_hi, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
+                        n_turn, False, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+                    kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
+                        q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, mid_hi,
+                        blk_hi, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
+                        n_turn, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+                    # The last block's P·V.
+                    last = (kv_cnt - 1) % NUM_STAGES
+                    w_vf, n_vf = prof.timed_wait(v_fulls[last], ((kv_cnt - 1) // NUM_STAGES) & 1, w_vf, n_vf,
+                                                 PROFILE)
+                    acc = tlx.async_dot(p.to(dtype), v_tiles[last], acc)
+                    acc = tlx.async_dot_wait(0, acc)
+                    tlx.barrier_arrive(v_empties[last], 1)
+                    tlx.barrier_arrive(q_empties[cid], 1)
+                    q_cnt += 1
+                # Epilogue: rows that saw no key get zeros and lse = -inf.
+                seen = l_i > 0.0
+                l_safe = tl.where(seen, l_i, 1.0)
+                out = acc / l_safe[:, None]
+                lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+                row_ok = row_ids < Lq
+                o_rows = (o_row0 + row_ids).to(tl.int64)
+                cols = tl.arange(0, HEAD_DIM)
+                o_ptrs = o_ptr + o_rows[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + cols[None, :]
+                tl.store(o_ptrs, out.to(dtype), mask=row_ok[:, None])
+                tl.store(lse_ptr + h.to(tl.int64) * total_rows + o_rows, lse, mask=row_ok)
+                if PROFILE:
+                    if cid == 0:
+                        prof.write_tile(rec_ptr, rec_tiles_off, rec_tile_cap, pos, pid, sm, tile, b, h,
+                                        m0 // BLOCK_M, Lk, n_blocks, t0, prof.globaltimer(), c0, tlx.clock64(),
+                                        1 + cid)
+                n_done += 1
+                if DYNAMIC:
+                    w_pf, n_pf = prof.timed_wait(pos_fulls[cid], n_done & 1, w_pf, n_pf, PROFILE)
+                    pos = tl.sum(tlx.local_load(pos_box[cid]), 0)
+                    tlx.barrier_arrive(pos_empties[cid], 1)
+                else:
+                    pos += n_progs
+            if PROFILE:
+                role = 1 + cid
+                prof.write_span(rec_ptr, rec_spans_off, pid, role, _N_ROLES, sm, t_first, prof.globaltimer(),
+                                c_first, tlx.clock64(), n_done)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, role, _N_ROLES, _S_Q_FULL, _N_SITES, w_qf, n_qf)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, role, _N_ROLES, _S_K_FULL, _N_SITES, w_kf, n_kf)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, role, _N_ROLES, _S_V_FULL, _N_SITES, w_vf, n_vf)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, role, _N_ROLES, _S_TURN, _N_SITES, w_turn, n_turn)
+                prof.write_wait(rec_ptr, rec_waits_off, pid, role, _N_ROLES, _S_QUEUE, _N_SITES, w_pf, n_pf)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variants: every constexpr combination the op can launch, by name.
+# ---------------------------------------------------------------------------------------------
+_DTYPES = {"bf16": "bf16", "fp16": "fp16"}
+
+
+def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str, str]:
+    q_block = f"tensordesc<{dtype}[{BLOCK_M // 2},{head_dim}]>"
+    kv_block = f"tensordesc<{dtype}[{block_n},{head_dim}]>"
+    sig = {"desc_q": q_block, "desc_k": kv_block, "desc_v": kv_block, "o_ptr": f"*{dtype}", "lse_ptr": "*fp32",
+           "q_offsets": "*i32", "kv_offsets": "*i32", "work_list": "*i32", "n_work_ptr": "*i32",
+           "queue_ptr": "*i32", "rec_ptr": "*i64", "sm_scale": "fp32"}
+    for name in ("H", "GROUP", "n_m_blocks", "Lq_bcast", "window", "total_rows", "rec_tiles_off", "rec_tile_cap",
+                 "rec_spans_off", "rec_waits_off"):
+        sig[name] = "i32"
+    for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "PEEL", "SCHEDULE",
+                 "PROFILE", "NUM_STAGES"):
+        sig[name] = "constexpr"
+    return sig
+
+
+def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile) -> dict:
+    return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
+            "CAUSAL": causal, "HAS_WINDOW": has_window, "PEEL": peel, "SCHEDULE": SCHEDULE_IDS[schedule],
+            "PROFILE": profile, "NUM_STAGES": NUM_KV_STAGES}
+
+
+@provider
+def fwd_variants() -> list[KernelVariant]:
+    """The forward variants worth compiling on their own: the broadcast-Q production path across
+    dtypes, head dims, schedules, peeling and profiling, plus the jagged-Q mask modes."""
+    out = []
+    modes = [("bcast", True, False, False), ("jagged", False, False, False), ("jagged-causal", False, True, False),
+             ("jagged-window", False, False, True)]
+    for dtype in _DTYPES:
+        for head_dim in (64, 128):
+            for mode, broadcast_q, causal, has_window in modes:
+                for schedule in SCHEDULE_IDS:
+                    for peel in (True, False):
+                        for profile in (False, True):
+                            if mode != "bcast" and (schedule == "static" or not peel):
+                                continue  # mask modes share the schedule/peeling code with bcast
+                            name = (f"fwd/{mode}/{dtype}/d{head_dim}/{schedule}/{'peel' if peel else 'nopeel'}/"
+                                    f"{'prof' if profile else 'noprof'}")
+                            out.append(KernelVariant(
+                                name=name, kernel=_jfa_fwd, signature=fwd_signature(dtype, head_dim),
+                                constexprs=fwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal,
+                                                          has_window=has_window, peel=peel, schedule=schedule,
+                                                          profile=profile),
+                                num_warps=NUM_WARPS, num_stages=1,
+                                tags={"pass": "fwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim),
+                                      "schedule": schedule, "peel": str(peel).lower(),
+                                      "profile": str(profile).lower()}))
+    return out

@@ -1,0 +1,190 @@
+import re
+
+import pytest
+import torch
+
+from jfa_prof.validation import JaggedInputError, validate_attention_inputs
+
+KV_LENS = [3, 0, 5]
+LQ = 4
+
+
+def _args(broadcast_q=False, device="cpu", **overrides):
+    """Valid arguments: 3 sequences, H=4, H_kv=2, D=64, bf16; then apply overrides."""
+    total_kv = sum(KV_LENS)
+    kv_offsets = torch.tensor([0, 3, 3, 8], dtype=torch.int32, device=device)
+    if broadcast_q:
+        q = torch.zeros(LQ, 4, 64, dtype=torch.bfloat16, device=device)
+        q_offsets = None
+    else:
+        q = torch.zeros(total_kv, 4, 64, dtype=torch.bfloat16, device=device)
+        q_offsets = kv_offsets.clone()
+    args = dict(q=q, k=torch.zeros(total_kv, 2, 64, dtype=torch.bfloat16, device=device),
+                v=torch.zeros(total_kv, 2, 64, dtype=torch.bfloat16, device=device),
+                q_offsets=q_offsets, kv_offsets=kv_offsets, broadcast_q=broadcast_q,
+                causal=False, window_size=None)
+    args.update(overrides)
+    return args
+
+
+def _rejects(message, **kwargs):
+    with pytest.raises(JaggedInputError, match=re.escape(message)):
+        validate_attention_inputs(**kwargs)
+
+
+def test_valid_inputs_pass():
+    validate_attention_inputs(**_args())
+    validate_attention_inputs(**_args(causal=True, window_size=16, sm_scale=0.1))
+    validate_attention_inputs(**_args(broadcast_q=True))
+    validate_attention_inputs(**_args(broadcast_q=True,
+                                      q_offsets=torch.tensor([0, 4, 8, 12])))
+    validate_attention_inputs(**_args(kv_offsets=torch.tensor([0, 3, 3, 8]),
+                                      q_offsets=torch.tensor([0, 3, 3, 8])))
+    validate_attention_inputs(**_args(q=torch.zeros(8, 4, 128, dtype=torch.float16),
+                                      k=torch.zeros(8, 4, 128, dtype=torch.float16),
+                                      v=torch.zeros(8, 4, 128, dtype=torch.float16)))
+
+
+def test_is_a_value_error():
+    assert issubclass(JaggedInputError, ValueError)
+
+
+def test_offsets_dtype():
+    _rejects("kv_offsets must be int32 or int64, got torch.float32",
+             **_args(kv_offsets=torch.tensor([0.0, 3.0, 3.0, 8.0])))
+
+
+def test_offsets_not_1d():
+    _rejects("q_offsets must be 1-D [B+1], got shape (1, 4)",
+             **_args(q_offsets=torch.tensor([[0, 3, 3, 8]], dtype=torch.int32)))
+
+
+def test_offsets_too_short():
+    _rejects("kv_offsets must have at least 2 entries ([0, len_0]), got 1",
+             **_args(kv_offsets=torch.tensor([0], dtype=torch.int32)))
+
+
+def test_offsets_first_value():
+    _rejects("kv_offsets[0] must be 0, got 1",
+             **_args(kv_offsets=torch.tensor([1, 3, 3, 8], dtype=torch.int32)))
+
+
+def test_offsets_decreasing():
+    _rejects("q_offsets must be non-decreasing, but q_offsets[2] - q_offsets[1] = -2",
+             **_args(q_offsets=torch.tensor([0, 5, 3, 8], dtype=torch.int32)))
+
+
+def test_offsets_last_value():
+    _rejects("kv_offsets[-1] must equal the number of rows of k (8), got 7",
+             **_args(kv_offsets=torch.tensor([0, 3, 3, 7], dtype=torch.int32)))
+    _rejects("q_offsets[-1] must equal the number of rows of q (8), got 9",
+             **_args(q_offsets=torch.tensor([0, 3, 3, 9], dtype=torch.int32)))
+
+
+def test_offsets_batch_mismatch():
+    _rejects("q_offsets has 3 entries but kv_offsets has 4",
+             **_args(q_offsets=torch.tensor([0, 3, 8], dtype=torch.int32)))
+
+
+def test_jagged_q_needs_q_offsets():
+    _rejects("q_offsets is required for jagged Q", **_args(q_offsets=None))
+
+
+def test_q_dtype():
+    a = _args()
+    _rejects("q must be bfloat16 or float16, got torch.float32",
+             **{**a, "q": a["q"].float(), "k": a["k"].float(), "v": a["v"].float()})
+
+
+def test_kv_dtype_mismatch():
+    a = _args()
+    _rejects("v is torch.float16 but q is torch.bfloat16", **{**a, "v": a["v"].half()})
+
+
+def test_device_mismatch():
+    a = _args()
+    _rejects("k is on meta but q is on cpu", **{**a, "k": a["k"].to("meta")})
+    _rejects("kv_offsets is on meta but q is on cpu",
+             **{**a, "kv_offsets": a["kv_offsets"].to("meta")})
+
+
+def test_k_v_shapes_differ():
+    a = _args()
+    _rejects("k and v must have the same shape, got (8, 2, 64) and (7, 2, 64)",
+             **{**a, "v": a["v"][:7]})
+
+
+def test_heads_not_a_multiple():
+    a = _args()
+    _rejects("q heads (4) must be a multiple of k/v heads (3)",
+             **{**a, "k": torch.zeros(8, 3, 64, dtype=torch.bfloat16),
+                "v": torch.zeros(8, 3, 64, dtype=torch.bfloat16)})
+
+
+def test_head_dim_mismatch_and_unsupported():
+    a = _args()
+    _rejects("q head dim (64) must equal k/v head dim (128)",
+             **{**a, "k": torch.zeros(8, 2, 128, dtype=torch.bfloat16),
+                "v": torch.zeros(8, 2, 128, dtype=torch.bfloat16)})
+    _rejects("head dim must be one of (64, 128), got 96",
+             **{**a, "q": torch.zeros(8, 4, 96, dtype=torch.bfloat16),
+                "k": torch.zeros(8, 2, 96, dtype=torch.bfloat16),
+                "v": torch.zeros(8, 2, 96, dtype=torch.bfloat16)})
+
+
+def test_q_not_3d():
+    a = _args()
+    _rejects("q must be 3-D [rows, heads, head_dim], got shape (8, 256)",
+             **{**a, "q": a["q"].reshape(8, 256)})
+
+
+def test_broadcast_q_with_jagged_q_offsets():
+    _rejects("the q_offsets given describe a jagged Q",
+             **_args(broadcast_q=True, q_offsets=torch.tensor([0, 3, 3, 8], dtype=torch.int32)))
+
+
+def test_causal_with_broadcast_q():
+    _rejects("causal=True is only supported for jagged Q", **_args(broadcast_q=True, causal=True))
+
+
+def test_window_size():
+    _rejects("window_size must be >= 0, got -1", **_args(window_size=-1))
+    _rejects("window_size must be an int or None, got float", **_args(window_size=2.0))
+    _rejects("window_size must be an int or None, got bool", **_args(window_size=True))
+
+
+def test_sm_scale():
+    _rejects("sm_scale must be finite and > 0, got nan", **_args(sm_scale=float("nan")))
+    _rejects("sm_scale must be a float or None, got str", **_args(sm_scale="0.1"))
+
+
+def test_check_values_false_skips_value_checks():
+    bad = _args(kv_offsets=torch.tensor([1, 0, 3, 7], dtype=torch.int32))
+    validate_attention_inputs(**bad, check_values=False)
+    with pytest.raises(JaggedInputError):
+        validate_attention_inputs(**bad)
+
+
+def test_check_values_false_never_reads_offsets():
+    # Meta tensors have no data: any read of an offset value would raise.
+    validate_attention_inputs(**_args(device="meta"), check_values=False)
+    validate_attention_inputs(**_args(device="meta", broadcast_q=True,
+                                      q_offsets=torch.zeros(4, dtype=torch.int32,
+                                                            device="meta")),
+                              check_values=False)
+    with pytest.raises(Exception):
+        validate_attention_inputs(**_args(device="meta"))
+
+
+def test_value_checks_read_the_host_once(monkeypatch):
+    calls = []
+    real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "tolist",
+                        lambda self: calls.append("tolist") or real_tolist(self))
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: calls.append("item") or real_item(self))
+    for dunder, cast in (("__bool__", bool), ("__int__", int)):
+        monkeypatch.setattr(torch.Tensor, dunder,
+                            lambda self, d=dunder, c=cast: calls.append(d) or c(real_item(self)))
+    validate_attention_inputs(**_args())
+    validate_attention_inputs(**_args(broadcast_q=True, q_offsets=torch.tensor([0, 4, 8, 12])))
+    assert calls == ["tolist", "tolist"]
