@@ -29,6 +29,18 @@ def _peers(x, fa4: bool):
         out[f"jfa-{schedule}"] = (lambda s=schedule: fwd_launch(
             x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=scale, window=w.window,
             causal=w.causal, broadcast_q=w.broadcast_q, schedule=s)[0])
+    # The work list depends only on the offsets, so a model builds it once per batch and reuses it
+    # in every attention layer: time the kernel with a list built beforehand too.
+    from jfa_prof.kernels import fwd
+    from jfa_prof.schedule import fwd_work_list
+
+    for schedule in ("lpt", "dynamic"):
+        wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
+                           block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=w.window, causal=w.causal,
+                           schedule=schedule, n_ctas=torch.cuda.get_device_properties(0).multi_processor_count)
+        out[f"jfa-{schedule}-planned"] = (lambda s=schedule, wl=wl: fwd_launch(
+            x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=scale, window=w.window, causal=w.causal,
+            broadcast_q=w.broadcast_q, schedule=s, work=wl)[0])
     out["jfa-lpt-nopeel"] = lambda: fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=scale,
                                                window=w.window, causal=w.causal, broadcast_q=w.broadcast_q,
                                                schedule="lpt", peel=False)[0]
@@ -59,6 +71,42 @@ def _peers(x, fa4: bool):
     return out
 
 
+def _host_breakdown(x, n: int = 20) -> dict:
+    """Wall time per call of the work-list build and of the whole launch, synchronized: how much
+    of a call is host-side work when kernels are short."""
+    import time
+
+    from jfa_prof.kernels import fwd
+    from jfa_prof.kernels.attention import fwd_launch
+    from jfa_prof.schedule import fwd_work_list
+
+    w = x.workload
+    q_off = None if w.broadcast_q else x.q_offsets
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def build():
+        return fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
+                             block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=w.window, causal=w.causal,
+                             schedule="lpt", n_ctas=n_sms)
+
+    def launch(wl):
+        return fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=0.1, window=w.window,
+                          causal=w.causal, broadcast_q=w.broadcast_q, schedule="lpt", work=wl)
+
+    wl = build()
+    launch(wl)
+    out = {}
+    for name, fn in (("work_list", build), ("launch_with_list", lambda: launch(wl)), ("full_call", lambda: launch(None))):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        enqueue = (time.perf_counter() - t) / n * 1e3
+        torch.cuda.synchronize()
+        out[name] = {"enqueue_ms": enqueue, "synced_ms": (time.perf_counter() - t) / n * 1e3}
+    return out
+
+
 def run(grid: str, fa4: bool, labels: list[str] | None, rep_ms: int) -> list[dict]:
     import triton.testing
 
@@ -84,6 +132,7 @@ def run(grid: str, fa4: bool, labels: list[str] | None, rep_ms: int) -> list[dic
                 row["impls"][name] = {"ms": ms, "tflops": flops / ms / 1e9, "rel_err_vs_first": err}
             except Exception as e:  # a peer that fails is reported, not fatal
                 row["impls"][name] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        row["host_ms"] = _host_breakdown(x)
         base = impls.get("jfa-lpt")
         if base is not None:
             row["impls"]["jfa-lpt"]["ms_repeat"] = triton.testing.do_bench(base, warmup=50, rep=rep_ms,

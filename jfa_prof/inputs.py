@@ -6,7 +6,7 @@ tensor reaches the GPU, so it is identical on every device and costs no device s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -306,3 +306,18 @@ def find_workload(label: str) -> Workload:
             if w.label == label:
                 return w
     raise KeyError(f"no workload labelled {label!r} in GRIDS")
+
+
+def select_workload(grid: str | None = None, *, Lq: int | None = None, max_kv: int | None = None,
+                    sparsity: float | None = None, seed: int | None = None) -> Workload:
+    """The first workload of `grid` (default "hsp") matching the fields given; the CLI's
+    `--grid/--lq/--max-kv/--sparsity/--seed` options land here. ValueError names what was asked."""
+    grid = grid or "hsp"
+    if grid not in GRIDS:
+        raise ValueError(f"unknown grid {grid!r}: one of {', '.join(GRIDS)}")
+    if grid == "hsp":
+        Lq, max_kv, sparsity = Lq or 256, max_kv or 2048, sparsity if sparsity is not None else 0.5
+    for w in GRIDS[grid]:
+        if all(v is None or getattr(w, k) == v for k, v in (("Lq", Lq), ("max_kv", max_kv), ("sparsity", sparsity))):
+            return replace(w, seed=seed) if seed is not None else w
+    raise ValueError(f"no {grid} workload with Lq={Lq} max_kv={max_kv} sparsity={sparsity}")

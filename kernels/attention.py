@@ -33,11 +33,13 @@ def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
 
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
                schedule="lpt", peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
-               lse_out=None):
+               lse_out=None, work=None, launch_hook=None):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
     The record buffer is allocated here when `profile` is set, sized for every work-list slot
-    unless `record_capacity` asks for fewer (then the kernel counts what it had to drop)."""
+    unless `record_capacity` asks for fewer (then the kernel counts what it had to drop).
+    `work` reuses a work list built earlier; `launch_hook(phase)` is called with "before" and
+    "after" right around the kernel launch, so a caller can time the kernel alone."""
     from jfa_prof.kernels import fwd
 
     H, D = q.shape[1], q.shape[2]
@@ -50,9 +52,10 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     lse = torch.empty((H, total_rows), dtype=torch.float32, device=q.device) if lse_out is None else lse_out
     if n_ctas is None:
         n_ctas = torch.cuda.get_device_properties(q.device).multi_processor_count
-    work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, Lq, H, max_seq_len_q,
-                         block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=window, causal=causal,
-                         schedule=schedule, n_ctas=n_ctas)
+    if work is None:
+        work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, Lq, H, max_seq_len_q,
+                             block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=window, causal=causal,
+                             schedule=schedule, n_ctas=n_ctas)
     n_slots = work.tiles.numel()
     grid = max(1, min(n_ctas, n_slots))
     queue = torch.zeros(1, dtype=torch.int32, device=q.device) if schedule == "dynamic" else work.n_work
@@ -66,15 +69,19 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     else:
         rec = torch.zeros(1, dtype=torch.int64, device=q.device)
     q_off = kv_offsets if q_offsets is None else q_offsets
-    fwd._jfa_fwd[(grid, )](
+    args = (
         _descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, fwd.BLOCK_N, D), _descriptor(v, fwd.BLOCK_N, D),
         o, lse, q_off, kv_offsets, work.tiles, work.n_work, queue, rec,
         sm_scale, H, H // H_kv, work.n_m_blocks, Lq or 0, window if window is not None else 0, total_rows,
         layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
-        layout.spans_offset if layout else 0, layout.waits_offset if layout else 0,
-        **fwd.fwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal, has_window=window is not None,
-                             peel=peel, schedule=schedule, profile=profile),
-        num_warps=fwd.NUM_WARPS, num_stages=1)
+        layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
+    constexprs = fwd.fwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
+                                    has_window=window is not None, peel=peel, schedule=schedule, profile=profile)
+    if launch_hook:
+        launch_hook("before")
+    fwd._jfa_fwd[(grid, )](*args, **constexprs, num_warps=fwd.NUM_WARPS, num_stages=1)
+    if launch_hook:
+        launch_hook("after")
     return o, lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work)
 
 

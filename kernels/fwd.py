@@ -34,6 +34,9 @@ NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
 _TURN_0 = tl.constexpr(9)
 _TURN_1 = tl.constexpr(10)
 _CONSUMER_THREADS = tl.constexpr(256)  # both consumer warpgroups meet at the turn barriers
+_STAGE_BAR = tl.constexpr(11)  # + consumer id: one warpgroup's barrier around output staging
+_WARPGROUP_THREADS = tl.constexpr(128)
+_STORE_ROWS = tl.constexpr(8)  # output rows stored per chunk
 
 # Barrier-wait site ids, positions in records.FWD_SITES.
 _S_Q_EMPTY = tl.constexpr(FWD_SITES.index("q_empty"))
@@ -134,7 +137,7 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
         prev = (cnt - 1) % NUM_STAGES
         prev_phase = ((cnt - 1) // NUM_STAGES) & 1
         tlx.barrier_wait(v_fulls[prev], prev_phase)
-        acc = tlx.async_dot(p.to(q_buf.dtype), v_tiles[prev], acc)
+        acc = tlx.async_dot(p, v_tiles[prev], acc)
         qk = tlx.async_dot_wait(1, qk)
     else:
         qk = tlx.async_dot_wait(0, qk)
@@ -155,9 +158,11 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_sub = m_new
-    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+    p_f32 = tl.math.exp2(qk * qk_scale - m_sub[:, None])
     alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    l_i = l_i * alpha + tl.sum(p_f32, 1)
+    # Carried to the next block's P·V in the input dtype: half the registers of fp32.
+    p = p_f32.to(q_buf.dtype)
     m_i = m_new
     if not FIRST:
         acc = tlx.async_dot_wait(0, acc)
@@ -200,11 +205,13 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
     n_progs = tl.num_programs(0)
     n_work = tl.load(n_work_ptr)
 
-    q_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 2)
+    # Two Q buffers per consumer: the producer loads the next tile's Q while this one computes.
+    # A consumer also stages its output tile through its current Q buffer (see the epilogue).
+    q_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 4)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)
-    q_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
-    q_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    q_fulls = tlx.alloc_barriers(num_barriers=4, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=4, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
     k_empties = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
@@ -248,18 +255,19 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                     CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
                 if n_blocks > 0:
                     kv_col = (h // GROUP) * HEAD_DIM
-                    q_phase = q_cnt & 1
+                    qb = q_cnt % 2
+                    q_phase = (q_cnt // 2) & 1
                     # Q for consumer 0, first K, Q for consumer 1, first V: consumer 0 starts early.
-                    w_qe, n_qe = prof.timed_wait(q_empties[0], q_phase ^ 1, w_qe, n_qe, PROFILE)
-                    tlx.barrier_expect_bytes(q_fulls[0], TILE_BYTES_Q)
-                    tlx.async_descriptor_load(desc_q, q_tiles[0], [q_row0 + m0, h * HEAD_DIM], q_fulls[0])
+                    w_qe, n_qe = prof.timed_wait(q_empties[qb], q_phase ^ 1, w_qe, n_qe, PROFILE)
+                    tlx.barrier_expect_bytes(q_fulls[qb], TILE_BYTES_Q)
+                    tlx.async_descriptor_load(desc_q, q_tiles[qb], [q_row0 + m0, h * HEAD_DIM], q_fulls[qb])
                     w_ke, n_ke = _load_kv(desc_k, k_tiles, k_fulls, k_empties, kv_cnt,
                                           kv_start + blk_lo * BLOCK_N, kv_col, TILE_BYTES_KV, w_ke, n_ke,
                                           NUM_STAGES, PROFILE)
-                    w_qe, n_qe = prof.timed_wait(q_empties[1], q_phase ^ 1, w_qe, n_qe, PROFILE)
-                    tlx.barrier_expect_bytes(q_fulls[1], TILE_BYTES_Q)
-                    tlx.async_descriptor_load(desc_q, q_tiles[1], [q_row0 + m0 + SPLIT_M, h * HEAD_DIM],
-                                              q_fulls[1])
+                    w_qe, n_qe = prof.timed_wait(q_empties[2 + qb], q_phase ^ 1, w_qe, n_qe, PROFILE)
+                    tlx.barrier_expect_bytes(q_fulls[2 + qb], TILE_BYTES_Q)
+                    tlx.async_descriptor_load(desc_q, q_tiles[2 + qb], [q_row0 + m0 + SPLIT_M, h * HEAD_DIM],
+                                              q_fulls[2 + qb])
                     w_ve, n_ve = _load_kv(desc_v, v_tiles, v_fulls, v_empties, kv_cnt,
                                           kv_start + blk_lo * BLOCK_N, kv_col, TILE_BYTES_KV, w_ve, n_ve,
                                           NUM_STAGES, PROFILE)
@@ -332,6 +340,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                 m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
                 l_i = tl.zeros([SPLIT_M], tl.float32)
                 acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
+                q_slot = cid * 2 + q_cnt % 2
+                q_buf = q_tiles[q_slot]
                 if n_blocks > 0:
                     # Blocks every valid row of this consumer sees in full need no mask.
                     r_first = r0
@@ -351,9 +361,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                     else:
                         mid_lo = blk_hi
                         mid_hi = blk_hi
-                    q_buf = q_tiles[cid]
-                    w_qf, n_qf = prof.timed_wait(q_fulls[cid], q_cnt & 1, w_qf, n_qf, PROFILE)
-                    p = tl.zeros([SPLIT_M, BLOCK_N], tl.float32)
+                    w_qf, n_qf = prof.timed_wait(q_fulls[q_slot], (q_cnt // 2) & 1, w_qf, n_qf, PROFILE)
+                    p = tl.zeros([SPLIT_M, BLOCK_N], dtype)
                     p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_block(
                         q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, blk_lo,
                         p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
@@ -376,22 +385,41 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                     last = (kv_cnt - 1) % NUM_STAGES
                     w_vf, n_vf = prof.timed_wait(v_fulls[last], ((kv_cnt - 1) // NUM_STAGES) & 1, w_vf, n_vf,
                                                  PROFILE)
-                    acc = tlx.async_dot(p.to(dtype), v_tiles[last], acc)
+                    acc = tlx.async_dot(p, v_tiles[last], acc)
                     acc = tlx.async_dot_wait(0, acc)
                     tlx.barrier_arrive(v_empties[last], 1)
-                    tlx.barrier_arrive(q_empties[cid], 1)
-                    q_cnt += 1
                 # Epilogue: rows that saw no key get zeros and lse = -inf.
                 seen = l_i > 0.0
                 l_safe = tl.where(seen, l_i, 1.0)
-                out = acc / l_safe[:, None]
+                out = (acc / l_safe[:, None]).to(dtype)
                 lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
                 row_ok = row_ids < Lq
                 o_rows = (o_row0 + row_ids).to(tl.int64)
-                cols = tl.arange(0, HEAD_DIM)
-                o_ptrs = o_ptr + o_rows[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + cols[None, :]
-                tl.store(o_ptrs, out.to(dtype), mask=row_ok[:, None])
                 tl.store(lse_ptr + h.to(tl.int64) * total_rows + o_rows, lse, mask=row_ok)
+                # Stage the tile through this consumer's Q buffer (its Q is no longer needed), then
+                # store it in row chunks: the compiler needs no 32 KB scratch per consumer for the
+                # layout change (room for the second Q buffer), and a chunk's pointers fit in a few
+                # registers where the whole tile's spilled.
+                # A tile without keys loaded no Q, and its Q buffer may be filling for the next
+                # tile: it writes zeros straight from registers instead.
+                if n_blocks > 0:
+                    tlx.local_store(q_buf, out)
+                tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
+                cols = tl.arange(0, HEAD_DIM)
+                for c in tl.static_range(SPLIT_M // _STORE_ROWS):
+                    rows = r0 + c * _STORE_ROWS + tl.arange(0, _STORE_ROWS)
+                    if n_blocks > 0:
+                        chunk = tlx.local_load(tlx.local_slice(q_buf, [c * _STORE_ROWS, 0],
+                                                               [_STORE_ROWS, HEAD_DIM]))
+                    else:
+                        chunk = tl.zeros([_STORE_ROWS, HEAD_DIM], dtype)
+                    ptrs = (o_ptr + (o_row0 + rows).to(tl.int64)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM
+                            + cols[None, :])
+                    tl.store(ptrs, chunk, mask=(rows < Lq)[:, None])
+                tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
+                if n_blocks > 0:
+                    tlx.barrier_arrive(q_empties[q_slot], 1)
+                    q_cnt += 1
                 if PROFILE:
                     if cid == 0:
                         prof.write_tile(rec_ptr, rec_tiles_off, rec_tile_cap, pos, pid, sm, tile, b, h,

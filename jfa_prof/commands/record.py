@@ -1,0 +1,51 @@
+"""`jfa-prof record`: one instrumented launch on the GPU, written as a self-describing trace."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def record(
+    out: Path = typer.Option(..., "-o", "--out", help="Trace file to write (.jfatrace)."),
+    schedule: str = typer.Option("lpt", "--schedule", help="static, lpt or dynamic."),
+    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid: hsp, jagged, dense."),
+    lq: Optional[int] = typer.Option(None, "--lq", help="Queries per sequence (hsp grid)."),
+    max_kv: Optional[int] = typer.Option(None, "--max-kv", help="Longest KV sequence."),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Mean length / max (SPEC §6 density)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sequence lengths."),
+    no_peel: bool = typer.Option(False, "--no-peel", help="Mask every KV block (no peeled mask tail)."),
+    json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
+) -> None:
+    """Run the forward kernel with PROFILE=True on the GPU and write its tile records, warp-role
+    spans and barrier waits, with the machine, versions and workload, to one trace file."""
+    import json as _json
+
+    from rich.console import Console
+
+    from jfa_prof.errors import BadInputError
+    from jfa_prof.inputs import select_workload
+    from jfa_prof.recording import record_workload
+    from jfa_prof.schedule import SCHEDULES
+    from jfa_prof.trace import write_trace
+
+    if schedule not in SCHEDULES:
+        raise BadInputError(f"unknown schedule {schedule!r}", hint=f"one of {', '.join(SCHEDULES)}")
+    try:
+        workload = select_workload(grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+    except ValueError as e:
+        raise BadInputError(str(e)) from None
+    console = Console(stderr=True, highlight=False)
+    with console.status(f"recording {workload.label} ({schedule}) on the GPU…"):
+        tr = record_workload(workload, schedule, peel=not no_peel)
+    path = write_trace(out, tr.buffer, tr.meta)
+    summary = {"path": str(path), "workload": workload.label, "schedule": schedule, "tiles": len(tr.tiles),
+               "dropped": tr.dropped, "kernel_ms": tr.meta["kernel_ms"], "makespan_ms": tr.makespan_ns / 1e6}
+    if json:
+        typer.echo(_json.dumps(summary))
+    else:
+        Console(highlight=False).print(
+            f"wrote {path}: {summary['tiles']} tiles, makespan {summary['makespan_ms']:.3f} ms, "
+            f"kernel {summary['kernel_ms']:.3f} ms (CUDA events)"
+            + (f", [red]{tr.dropped} tile records dropped (buffer full)[/]" if tr.dropped else ""))

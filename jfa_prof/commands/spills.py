@@ -1,0 +1,103 @@
+"""``jfa-prof spills``: registers, spills and local memory of every kernel variant, compiled here."""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import typer
+
+
+def spills(
+    kernel: Optional[str] = typer.Option(
+        None, "--kernel", help="Only this kernel: a name's first segment (fwd), its pass tag, or the "
+                                     "jitted function's name."),
+    variant: Optional[str] = typer.Option(
+        None, "--variant", help="Only variants matching this glob (fwd/bcast/*/peel/*) or name prefix."),
+    compare: Optional[Tuple[str, str]] = typer.Option(
+        None, "--compare", metavar="A B", help="Show B against A, metric by metric (each may be a glob "
+                                               "matching one variant), e.g. unpeeled then peeled."),
+    target: str = typer.Option("sm_90a", "--target", help="Architecture to compile for."),
+    json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompile from source, ignoring (and not "
+                                                            "filling) the compile cache."),
+    jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Compiler processes for cache misses "
+                                                             "(0: one per core, up to 8)."),
+) -> None:
+    """Compile the kernel variants for the target - no GPU needed - and report registers, spill
+    bytes, stack, shared memory and the LDL/STL instructions in the SASS.
+
+    Only the first run pays for compiling: results are cached in $JFA_PROF_CACHE/compile.
+
+    Exits 1 when a variant fails to compile.
+    """
+    from jfa_prof.analyses import spills as analysis
+    from jfa_prof.compile import CompileFailure, compile_many, parse_target
+    from jfa_prof.errors import BadInputError, JfaProfError, TlxUnavailableError
+    from jfa_prof.kernels import registry
+    from jfa_prof.render import spills as report
+
+    target, _ = parse_target(target)
+    try:
+        available = registry.all_variants()
+    except ImportError as err:
+        raise TlxUnavailableError(f"cannot import the kernels: {err}", hint="jfa-prof doctor says why") from None
+    chosen = analysis.select_variants(available, kernel=kernel, pattern=variant)
+    if not chosen:
+        raise BadInputError("no kernel variant matches the filters",
+                            hint=f"{len(available)} variants, e.g. {', '.join(v.name for v in available[:3])}")
+    if compare is not None:
+        chosen = [_one(analysis.select_variants(chosen, pattern=p), p) for p in compare]
+
+    jobs = jobs or min(os.cpu_count() or 1, 8)
+    outcomes = _compile_with_progress(chosen, target, use_cache=not no_cache, jobs=jobs,
+                                      compile_many=compile_many)
+    resources = [
+        analysis.failed(o.variant, o.kernel, o.message, o.tags) if isinstance(o, CompileFailure)
+        else analysis.from_result(o)
+        for o in outcomes
+    ]
+
+    if compare is not None:
+        cmp = analysis.compare(*resources)
+        if json:
+            typer.echo(report.to_json(report.comparison_to_dict(cmp, target=target)))
+        else:
+            report.render_comparison(cmp)
+    else:
+        table = analysis.spill_table(resources)
+        if json:
+            typer.echo(report.to_json(report.table_to_dict(table, target=target)))
+        else:
+            report.render_table(table, target=target)
+
+    failures = [o for o in outcomes if isinstance(o, CompileFailure)]
+    if failures:
+        raise JfaProfError(f"{len(failures)} of {len(outcomes)} variants failed to compile",
+                           hint=f"first: {failures[0].variant}")
+
+
+def _one(matches: list, pattern: str):
+    from jfa_prof.errors import BadInputError
+
+    if len(matches) != 1:
+        names = ", ".join(v.name for v in matches[:4]) or "none"
+        raise BadInputError(f"--compare {pattern!r} must match exactly one variant, matched {len(matches)}",
+                            hint=names)
+    return matches[0]
+
+
+def _compile_with_progress(variants, target, *, use_cache, jobs, compile_many):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    # On stderr, so that --json output stays parseable; gone once done, the table is what stays.
+    progress = Progress(TextColumn("compiling for {task.fields[target]}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("{task.description}"),
+                        console=Console(stderr=True), transient=True)
+    with progress:
+        task = progress.add_task("", total=len(variants), target=target)
+
+        def step(variant, outcome):
+            progress.update(task, advance=1, description=variant.name)
+
+        return compile_many(variants, target, use_cache=use_cache, jobs=jobs, on_result=step)

@@ -1,0 +1,70 @@
+"""``jfa-prof timeline``: a recording as a Perfetto / chrome://tracing timeline, and a Gantt page."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def parse_sm_range(text: str) -> tuple[int, int]:
+    """"0:16" -> (0, 16); "5" -> (5, 6). The end is exclusive, like a Python slice."""
+    from jfa_prof.errors import BadInputError
+
+    try:
+        if ":" in text:
+            lo, hi = text.split(":", 1)
+            rng = (int(lo) if lo.strip() else 0, int(hi) if hi.strip() else 1 << 30)
+        else:
+            rng = (int(text), int(text) + 1)
+    except ValueError:
+        raise BadInputError(f"--sm-range {text!r} is not FIRST:END (e.g. 0:16)") from None
+    if rng[0] < 0 or rng[1] <= rng[0]:
+        raise BadInputError(f"--sm-range {text!r} is empty or negative")
+    return rng
+
+
+def timeline(
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Recorded .jfatrace file (default: a bundled H200 recording)."),
+    sm_range: Optional[str] = typer.Option(
+        None, "--sm-range", help="SMs FIRST:END (end excluded) to keep. Default: every SM in the JSON, 0:16 in the Gantt."),
+    out: Path = typer.Option(Path("trace.json"), "--out", help="Trace-event JSON for ui.perfetto.dev or chrome://tracing."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write a plotly Gantt of the SM range here."),
+    max_bars: int = typer.Option(4000, "--max-bars", min=100, help="Gantt bars before neighbouring tiles are merged."),
+) -> None:
+    """Per-SM, per-warp-role timeline of a recording for Perfetto, and optionally a Gantt page.
+
+    Tiles are events with their batch, head, block and KV length; the producer's span and the
+    barrier waits ride along. The Gantt page adds each role's utilization over the whole GPU.
+    """
+    from rich.console import Console
+
+    from jfa_prof.render import timeline as render
+    from jfa_prof.trace import open_trace
+
+    console = Console(highlight=False, soft_wrap=True)
+    tr = open_trace(trace)
+    rng = parse_sm_range(sm_range) if sm_range else None
+    for w in tr.warnings:
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]warning:[/] {w}")
+    console.print(f"source: {tr.describe_origin()}")
+
+    doc = render.chrome_trace(tr.tiles, tr.spans, tr.waits, roles=tr.roles, meta=tr.meta, sm_range=rng)
+    render.write_chrome_trace(doc, out)
+    n_tiles = sum(1 for e in doc["traceEvents"] if e.get("cat") == "tile")
+    n_sms = sum(1 for e in doc["traceEvents"] if e.get("name") == "process_name")
+    console.print(f"wrote {out}: {n_tiles:,} tiles on {n_sms} SMs (open in https://ui.perfetto.dev or chrome://tracing)")
+    if html is not None:
+        from jfa_prof.analyses.occupancy import role_utilization
+
+        bars = render.gantt_bars(tr.tiles, sm_range=rng or (0, 16), max_bars=max_bars)
+        util = role_utilization(tr.tiles, tr.spans, tr.roles, n_ctas=tr.n_ctas, n_bins=200)
+        lo, hi = rng or (0, 16)
+        fig = render.gantt_figure(bars, util=util, title=f"tiles on SMs {lo}–{min(hi, tr.n_sms) - 1} · "
+                                                         f"{tr.workload_label} · {tr.schedule}")
+        from jfa_prof.render.heatmap import write_html
+
+        write_html(fig, html)
+        merged = int((bars["n_merged"] > 1).sum())
+        note = f" ({merged:,} bars merge neighbouring tiles)" if merged else ""
+        console.print(f"wrote {html}: {len(bars):,} bars{note}")

@@ -1,0 +1,268 @@
+"""Reading what ptxas and cuobjdump say about a compiled kernel: registers, spills, local memory.
+
+Two inputs, both plain text so they can come from a live compile or a file someone attached to
+a bug report:
+
+- the ``ptxas -v`` log (``parse_ptxas_log``): one record per function ptxas reports on, with its
+  registers, spill traffic, stack frame and the performance warnings ptxas attached to it;
+- ``cuobjdump --dump-sass`` output (``count_local_memory``): where the LDL/STL instructions that
+  the spill bytes turn into actually sit, so a spill can be traced to the code around it.
+
+Standard library only.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from jfa_prof.errors import BadInputError
+
+
+class PtxasLogError(BadInputError, ValueError):
+    """Text that is not a ptxas ``-v`` log, or SASS with no instructions in it.
+
+    Also a ValueError, so callers that only know the parser as a parser can catch it as one.
+    """
+
+
+@dataclass
+class PtxasFunctionStats:
+    """What ptxas reported for one function; ``None`` where this ptxas version does not print it."""
+
+    name: str
+    target: str | None = None
+    # Entry functions (kernels) get a register line; device functions that survived inlining
+    # (``noinline`` helpers) only get their stack and spill line.
+    is_entry: bool = False
+    registers: int | None = None
+    spill_store_bytes: int = 0
+    spill_load_bytes: int = 0
+    stack_frame_bytes: int = 0
+    # Stack of the entry plus everything it calls; only printed when non-zero.
+    cumulative_stack_bytes: int | None = None
+    smem_bytes: int | None = None
+    cmem_bytes: dict[int, int] = field(default_factory=dict)  # constant bank -> bytes
+    barriers: int | None = None
+    compile_time_ms: float | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def spill_bytes(self) -> int:
+        return self.spill_store_bytes + self.spill_load_bytes
+
+    @property
+    def spills(self) -> bool:
+        return self.spill_bytes > 0
+
+
+# The tool names itself by its file name: "ptxas info", but also "ptxas-blackwell info" for the
+# second ptxas that Triton ships for sm_100+.
+_TOOL = r"^[\w.-]*ptxas[\w.-]*"
+_PREFIX = _TOOL + r"\s+(?:info|warning|error|fatal)?\s*:\s*"
+_COMPILING = re.compile(_PREFIX + r"Compiling entry function '([^']+)' for '([^']+)'")
+_PROPERTIES = re.compile(_PREFIX + r"Function properties for (\S+)")
+_USED = re.compile(_PREFIX + r"Used (\d+) registers?(.*)$")
+_COMPILE_TIME = re.compile(_PREFIX + r"Compile time = ([\d.]+) ms")
+_BYTES_ITEM = re.compile(r"(\d+) bytes ([a-z][a-z ]*?)(?:\[(\d+)\])?\s*(?:,|$)")
+_BARRIERS = re.compile(r"used (\d+) barriers?")
+# ptxas words its diagnostics three ways: "ptxas warning : ...", "ptxas <file>, line N; warning : ...",
+# and, for the wgmma / setmaxnreg performance notes, "ptxas info : (C75xx) Potential Performance Loss".
+_WARNING = re.compile(_TOOL + r"\b[^:]*?\bwarning\s*:\s*(.+)$")
+_PERF_NOTE = re.compile(_TOOL + r"\s+info\s*:\s*(\(C\d+\).*|.*Potential Performance Loss.*)$")
+_FATAL = re.compile(_TOOL + r"\b[^:]*?\b(?:fatal|error)\s*:\s*(.+)$")
+_MESSAGE = re.compile(_TOOL + r"\b")
+# Which function a diagnostic is about, in the phrasings ptxas uses.
+_NAMED = re.compile(r"(?:function|entry)\s+'?([A-Za-z_$][\w$.]*)'?")
+
+
+def _bytes_items(text: str) -> dict[tuple[str, int | None], int]:
+    out: dict[tuple[str, int | None], int] = {}
+    for m in _BYTES_ITEM.finditer(text):
+        bank = int(m.group(3)) if m.group(3) is not None else None
+        out[(m.group(2).strip(), bank)] = int(m.group(1))
+    return out
+
+
+def parse_ptxas_log(text: str) -> list[PtxasFunctionStats]:
+    """Parse a ``ptxas -v`` log into one record per reported function, in log order.
+
+    Accepts the log of one ptxas run or several runs pasted together (e.g. everything a process
+    printed with ``TRITON_DUMP_PTXAS_LOG=1``); a function compiled twice appears twice. Performance
+    notes and warnings go to the function they name, else to the entry compiled right after them
+    (ptxas prints them before the summary of the function they concern).
+
+    Raises ``PtxasLogError`` when the text holds no function statistics at all.
+    """
+    if not isinstance(text, str):
+        raise PtxasLogError(f"expected ptxas log text, got {type(text).__name__}")
+    records: list[PtxasFunctionStats] = []
+    entry: PtxasFunctionStats | None = None  # the entry whose summary lines are being read
+    pending_props: PtxasFunctionStats | None = None  # awaiting its "N bytes stack frame" line
+    # (warning text, named function or None, number of records that existed when it was printed)
+    diagnostics: list[tuple[str, str | None, int]] = []
+    fatal: list[str] = []
+
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if pending_props is not None and not _MESSAGE.match(line):
+            items = _bytes_items(line)
+            pending_props.stack_frame_bytes = items.get(("stack frame", None), 0)
+            pending_props.spill_store_bytes = items.get(("spill stores", None), 0)
+            pending_props.spill_load_bytes = items.get(("spill loads", None), 0)
+            pending_props = None
+            continue
+        pending_props = None
+
+        if m := _COMPILING.match(line):
+            entry = PtxasFunctionStats(name=m.group(1), target=m.group(2), is_entry=True)
+            records.append(entry)
+        elif m := _PROPERTIES.match(line):
+            name = m.group(1)
+            if entry is not None and entry.name == name and entry is records[-1]:
+                pending_props = entry
+            else:
+                pending_props = PtxasFunctionStats(name=name, target=entry.target if entry else None)
+                records.append(pending_props)
+        elif m := _USED.match(line):
+            if entry is None:
+                continue
+            entry.registers = int(m.group(1))
+            rest = m.group(2)
+            if b := _BARRIERS.search(rest):
+                entry.barriers = int(b.group(1))
+            for (what, bank), n in _bytes_items(rest).items():
+                if what == "smem":
+                    entry.smem_bytes = n
+                elif what == "cmem" and bank is not None:
+                    entry.cmem_bytes[bank] = n
+                elif what == "cumulative stack size":
+                    entry.cumulative_stack_bytes = n
+        elif m := _COMPILE_TIME.match(line):
+            if entry is not None:
+                entry.compile_time_ms = float(m.group(1))
+        elif (m := _WARNING.match(line)) or (m := _PERF_NOTE.match(line)):
+            message = m.group(1).strip()
+            named = _NAMED.search(message)
+            diagnostics.append((message, named.group(1) if named else None, len(records)))
+        elif m := _FATAL.match(line):
+            fatal.append(m.group(1).strip())
+
+    if not records:
+        if fatal:
+            raise PtxasLogError("ptxas failed, no function statistics in the log: " + fatal[0])
+        raise PtxasLogError("no ptxas function statistics found: expected lines such as "
+                            "\"ptxas info : Compiling entry function 'k' for 'sm_90a'\" (from ptxas -v)")
+
+    for message, named, position in diagnostics:
+        _attach(records, message, named, position)
+    return records
+
+
+def _attach(records: list[PtxasFunctionStats], message: str, named: str | None, position: int) -> None:
+    later, earlier = records[position:], records[:position][::-1]
+    if named is not None:
+        for candidates in (later, earlier):
+            for rec in candidates:
+                if rec.name == named:
+                    rec.warnings.append(message)
+                    return
+    for candidates in (later, earlier):
+        for rec in candidates:
+            if rec.is_entry:
+                rec.warnings.append(message)
+                return
+    records[min(position, len(records) - 1)].warnings.append(message)
+
+
+def entry_stats(stats: list[PtxasFunctionStats], name: str) -> PtxasFunctionStats:
+    """The (last) entry record for kernel ``name``; ``KeyError`` when ptxas did not report it."""
+    for rec in reversed(stats):
+        if rec.is_entry and rec.name == name:
+            return rec
+    raise KeyError(f"no ptxas entry statistics for {name!r}; reported: {[r.name for r in stats]}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Local memory in SASS
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LocalMemorySite:
+    function: str
+    offset: int  # byte offset of the instruction within its function, as cuobjdump prints it
+    line: int  # 1-based line in the SASS text
+    opcode: str  # with modifiers, e.g. "LDL.64" or "STL.128"
+    instruction: str
+    # The instructions around the site, the site itself marked with "->".
+    context: tuple[str, ...]
+
+    @property
+    def is_load(self) -> bool:
+        return self.opcode.startswith("LDL")
+
+
+@dataclass(frozen=True)
+class LocalMemoryStats:
+    loads: int
+    stores: int
+    sites: tuple[LocalMemorySite, ...]
+    per_function: Mapping[str, tuple[int, int]]  # function -> (LDL count, STL count)
+    instructions: int  # all SASS instructions seen, to put the counts in proportion
+
+    @property
+    def total(self) -> int:
+        return self.loads + self.stores
+
+
+_SASS_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
+_SASS_INSTR = re.compile(
+    r"^\s*/\*(?P<off>[0-9a-fA-F]{4,})\*/\s*(?P<pred>@!?U?P[T\d]+\s+)?(?P<op>[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"
+    r"(?P<rest>[^;]*);")
+
+
+def count_local_memory(sass_text: str, context_lines: int = 2) -> LocalMemoryStats:
+    """Count LDL (local loads) and STL (local stores) in ``cuobjdump --dump-sass`` text and say where
+    each one is. Spilled registers live in local memory, so these are the spill and refill points
+    (plus any genuinely local arrays, which Triton kernels rarely have).
+
+    Raises ``PtxasLogError`` when the text contains no SASS instructions.
+    """
+    if not isinstance(sass_text, str):
+        raise PtxasLogError(f"expected SASS text, got {type(sass_text).__name__}")
+    function = ""
+    # (line number, function, offset, opcode, instruction) for every instruction, to cut context from
+    instrs: list[tuple[int, str, int, str, str]] = []
+    for lineno, raw in enumerate(sass_text.splitlines(), start=1):
+        if m := _SASS_FUNCTION.match(raw):
+            function = m.group(1)
+            continue
+        if m := _SASS_INSTR.match(raw):
+            text = ((m.group("pred") or "") + m.group("op") + m.group("rest")).strip()
+            text = re.sub(r"\s+", " ", text)
+            instrs.append((lineno, function, int(m.group("off"), 16), m.group("op"), text))
+    if not instrs:
+        raise PtxasLogError("no SASS instructions found: expected cuobjdump --dump-sass output "
+                            "with lines such as '/*0040*/ LDL R2, [R1+0x8] ;'")
+
+    sites: list[LocalMemorySite] = []
+    per_function: dict[str, list[int]] = {}
+    for i, (lineno, fn, off, op, text) in enumerate(instrs):
+        base = op.split(".", 1)[0]
+        if base not in ("LDL", "STL"):
+            continue
+        counts = per_function.setdefault(fn, [0, 0])
+        counts[0 if base == "LDL" else 1] += 1
+        lo, hi = max(0, i - context_lines), min(len(instrs), i + context_lines + 1)
+        context = tuple(
+            f"{'->' if j == i else '  '} /*{instrs[j][2]:04x}*/ {instrs[j][4]}"
+            for j in range(lo, hi) if instrs[j][1] == fn)
+        sites.append(LocalMemorySite(function=fn, offset=off, line=lineno, opcode=op,
+                                     instruction=text, context=context))
+    loads = sum(1 for s in sites if s.is_load)
+    return LocalMemoryStats(
+        loads=loads, stores=len(sites) - loads, sites=tuple(sites),
+        per_function={fn: (c[0], c[1]) for fn, c in per_function.items()},
+        instructions=len(instrs))

@@ -1,0 +1,176 @@
+"""SM × time heatmaps and the imbalance figures under them.
+
+Figures take :class:`~jfa_prof.analyses.occupancy.Occupancy` results; several panels (clc off
+and on, predicted and measured) share one colour scale and one time axis length, so the same
+colour and the same width mean the same thing in every panel.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from jfa_prof.analyses.imbalance import Imbalance
+from jfa_prof.analyses.occupancy import Occupancy
+from jfa_prof.analyses.predict import CostModel, PredictionComparison
+
+__all__ = ["comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text", "summary_table",
+           "tail_details", "write_html"]
+
+COLORSCALE = "Viridis"  # idle is dark, so a tail of idle SMs reads as a dark wedge
+_HOVER = "SM %{y} · %{x:.1f} µs<br>busy %{z:.0%}<br>%{text}<extra>%{fullData.name}</extra>"
+
+
+def hover_text(occ: Occupancy) -> np.ndarray:
+    """Per cell, the tile that dominates it (tile, batch, head, kv_len), or "" where none does."""
+    dom = occ.dominant
+    text = np.full(dom.shape, "", dtype=object)
+    has = dom >= 0
+    if not has.any():
+        return text
+    used, inverse = np.unique(dom[has], return_inverse=True)
+    t = occ.tiles
+    cols = {c: t[c].to_numpy()[used].astype(str) for c in ("tile", "batch", "head", "kv_len")}
+    labels = np.char.add(np.char.add(np.char.add("tile ", cols["tile"]), np.char.add(" · batch ", cols["batch"])),
+                         np.char.add(np.char.add(" · head ", cols["head"]), np.char.add(" · kv_len ", cols["kv_len"])))
+    text[has] = labels.astype(object)[inverse]
+    return text
+
+
+def heatmap_panels(panels: Sequence[tuple[str, Occupancy]], *, title: str | None = None,
+                   cols: int | None = None) -> go.Figure:
+    """One heatmap per (label, occupancy), laid out ``cols`` per row (default: all in one row)."""
+    if not panels:
+        raise ValueError("no panels to draw")
+    cols = cols or len(panels)
+    rows = math.ceil(len(panels) / cols)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=[p[0] for p in panels],
+                        horizontal_spacing=0.03 if cols > 1 else 0.0, vertical_spacing=0.08)
+    n_sms = max(occ.n_sms for _, occ in panels)
+    t_end_us = max(float(occ.edges_ns[-1]) for _, occ in panels) / 1e3
+    for i, (label, occ) in enumerate(panels):
+        r, c = divmod(i, cols)
+        fig.add_trace(go.Heatmap(
+            z=occ.busy, x0=occ.centers_ns[0] / 1e3, dx=occ.bin_ns / 1e3, y0=0, dy=1,
+            text=hover_text(occ), hovertemplate=_HOVER, name=label, coloraxis="coloraxis",
+        ), row=r + 1, col=c + 1)
+        fig.update_xaxes(range=[0, t_end_us], title_text="time since first tile (µs)" if r == rows - 1 else None,
+                         row=r + 1, col=c + 1)
+        fig.update_yaxes(range=[n_sms - 0.5, -0.5], title_text="SM" if c == 0 else None, row=r + 1, col=c + 1)
+    fig.update_layout(
+        title=title,
+        coloraxis={"colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0,
+                   "colorbar": {"title": {"text": "busy"}, "tickformat": ".0%"}},
+        height=max(420, rows * (150 + 3 * n_sms)),
+        width=max(700, 560 * cols),
+        margin={"l": 60, "r": 30, "t": 80, "b": 50},
+    )
+    return fig
+
+
+def heatmap_figure(occ: Occupancy, *, label: str = "", title: str | None = None) -> go.Figure:
+    return heatmap_panels([(label, occ)], title=title)
+
+
+def write_html(fig: go.Figure, path: str | os.PathLike) -> Path:
+    """A self-contained page (plotly.js inlined), so it opens offline and can be attached anywhere."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# terminal
+# ---------------------------------------------------------------------------------------------
+
+def _us(ns: float) -> str:
+    return "–" if ns is None or (isinstance(ns, float) and math.isnan(ns)) else f"{ns / 1e3:,.1f} µs"
+
+
+def _pct(x: float) -> str:
+    return "–" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _ratio(x: float) -> str:
+    return "–" if x is None or math.isnan(x) else f"{x:.3f}"
+
+
+def summary_table(results: Sequence[tuple[str, Imbalance]], console: Console, *,
+                  title: str = "SM imbalance") -> None:
+    """The imbalance figures, one column per result, after a loud line for any dropped records."""
+    for label, im in results:
+        if im.dropped:
+            console.print(f"[bold red]WARNING {escape(label)}: {im.dropped} tile record(s) dropped "
+                          f"(record buffer full) — figures below miss those tiles[/]")
+    table = Table(title=title, title_justify="left")
+    table.add_column("")
+    for label, _ in results:
+        table.add_column(escape(label), justify="right")
+    rows = [
+        ("makespan", lambda m: _us(m.makespan_ns)),
+        ("mean SM busy", lambda m: _us(m.mean_busy_ns)),
+        ("max SM busy", lambda m: _us(m.max_busy_ns)),
+        ("max / mean busy", lambda m: _ratio(m.max_over_mean)),
+        ("tail (makespan − mean finish)", lambda m: _us(m.tail_ns)),
+        ("idle fraction", lambda m: _pct(m.idle_fraction)),
+        ("tiles", lambda m: f"{m.n_tiles:,}"),
+        ("SMs (idle)", lambda m: f"{m.n_sms} ({m.n_idle_sms})"),
+        ("dropped records", lambda m: f"[bold red]{m.dropped:,}[/]" if m.dropped else "0"),
+    ]
+    for name, fmt in rows:
+        table.add_row(name, *[fmt(m) for _, m in results])
+    console.print(table)
+
+
+def contrast_line(off: Imbalance, on: Imbalance) -> str:
+    """One sentence on what the dynamic schedule changed."""
+    change = (on.makespan_ns - off.makespan_ns) / off.makespan_ns if off.makespan_ns else math.nan
+    return (f"clc on vs off: makespan {'–' if math.isnan(change) else f'{100 * change:+.1f}%'}, "
+            f"tail {_us(off.tail_ns)} → {_us(on.tail_ns)}, "
+            f"idle {_pct(off.idle_fraction)} → {_pct(on.idle_fraction)}")
+
+
+def tail_details(results: Sequence[tuple[str, Imbalance]], console: Console, *, n_last: int = 5) -> None:
+    """Per result, the SMs still running after the mean finish time, and the tiles that end last."""
+    for label, im in results:
+        if len(im.critical_sms):
+            sms = ", ".join(f"{int(r.smid)} (+{r.over_mean_ns / 1e3:.1f} µs)"
+                            for r in im.critical_sms.itertuples())
+            console.print(f"[bold]{escape(label)}[/] SMs on the tail (finish after the mean): {sms}")
+        if len(im.last_tiles):
+            last = Table(title=f"{label}: tiles that end last", title_justify="left")
+            for c in ("smid", "tile", "batch", "head", "kv_len", "start", "end"):
+                last.add_column(c, justify="right")
+            for r in im.last_tiles.head(n_last).itertuples():
+                last.add_row(str(r.smid), str(r.tile), str(r.batch), str(r.head), str(r.kv_len),
+                             _us(r.start_ns), _us(r.end_ns))
+            console.print(last)
+
+
+def comparison_table(results: Sequence[tuple[str, PredictionComparison, CostModel]], console: Console) -> None:
+    """Predicted against measured, one column per schedule."""
+    table = Table(title="prediction vs measurement", title_justify="left")
+    table.add_column("")
+    for label, _, _ in results:
+        table.add_column(escape(label), justify="right")
+    rows = [
+        ("makespan predicted", lambda c, m: _us(c.makespan_pred_ns)),
+        ("makespan measured", lambda c, m: _us(c.makespan_meas_ns)),
+        ("makespan error", lambda c, m: "–" if math.isnan(c.makespan_error) else f"{100 * c.makespan_error:+.1f}%"),
+        ("per-CTA busy correlation", lambda c, m: _ratio(c.busy_corr)),
+        ("tiles on the measured CTA", lambda c, m: _pct(c.cta_agreement)),
+        ("cost model", lambda c, m: f"{m.a_ns:,.0f} + {m.b_ns:,.0f}·n_blocks ns"),
+        ("cost model R² (" + (results[0][2].basis if results else "") + ")", lambda c, m: _ratio(m.r2)),
+    ]
+    for name, fmt in rows:
+        table.add_row(name, *[fmt(c, m) for _, c, m in results])
+    console.print(table)

@@ -1,0 +1,173 @@
+"""Renders the spills analysis: a table of variants, or two variants side by side; or JSON."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, TextIO
+
+import pandas as pd
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from jfa_prof.analyses.spills import METRICS, SpillComparison
+
+_LABELS = {
+    "registers": "regs",
+    "spill_store_bytes": "spill\nstores",
+    "spill_load_bytes": "spill\nloads",
+    "spill_bytes": "spill\nbytes",
+    "stack_bytes": "stack",
+    "smem_bytes": "smem\nKiB",
+    "ldl": "LDL",
+    "stl": "STL",
+}
+# The table leaves out the spill total (stores + loads, in the JSON) to fit 80 columns.
+_TABLE_METRICS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_bytes", "smem_bytes",
+                  "ldl", "stl")
+# Hopper's register file gives each thread at most 255; a kernel at the cap is likely to spill
+# on the next change.
+_REG_CAP = 255
+
+
+def _console(console: Console | None, file: TextIO | None, width: int | None) -> Console:
+    return console if console is not None else Console(file=file, width=width, highlight=False)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+
+
+def _fmt(metric: str, v: Any) -> str:
+    if _missing(v):
+        return "-"
+    if metric == "smem_bytes":
+        return f"{int(v) / 1024:.1f}"
+    return str(int(v))
+
+
+def render_table(table: pd.DataFrame, *, target: str, console: Console | None = None,
+                 file: TextIO | None = None, width: int | None = None) -> None:
+    """One row per variant; spilling variants highlighted, ptxas's warnings as footnotes.
+
+    Byte columns are per thread (spills, stack) or per CTA (smem).
+    """
+    out = _console(console, file, width)
+    n_spill = int((table["spill_bytes"].fillna(0) > 0).sum())
+    n_failed = int(table["error"].notna().sum())
+    title = f"registers and spills, {target}: {n_spill} of {len(table)} variants spill"
+    if n_failed:
+        title += f", {n_failed} failed to compile"
+    has_notes = n_failed > 0 or any(len(w) for w in table["warnings"])
+    t = Table(title=escape(title), title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
+              collapse_padding=True, pad_edge=False)
+    t.add_column("variant", overflow="fold", min_width=24)
+    for m in _TABLE_METRICS:
+        t.add_column(_LABELS[m], justify="right", no_wrap=True)
+    t.add_column("build\ns", justify="right", no_wrap=True)
+    if has_notes:
+        t.add_column("notes", overflow="fold")
+
+    notes: dict[str, int] = {}  # warning text -> footnote number
+    for row in table.itertuples(index=False):
+        r = row._asdict()
+        if not _missing(r["error"]):
+            t.add_row(escape(r["variant"]), *["-"] * len(_TABLE_METRICS), "-",
+                      f"[bold red]failed:[/] {escape(str(r['error']))}")
+            continue
+        cells = [_fmt(m, r[m]) for m in _TABLE_METRICS]
+        spills = not _missing(r["spill_bytes"]) and r["spill_bytes"] > 0
+        if not _missing(r["registers"]) and r["registers"] >= _REG_CAP:
+            cells[0] = f"[bold red]{cells[0]}[/]"
+        if spills:
+            for i, m in enumerate(_TABLE_METRICS):
+                if m.startswith("spill") or m in ("ldl", "stl"):
+                    cells[i] = f"[bold yellow]{cells[i]}[/]"
+        secs = "-" if _missing(r["compile_seconds"]) else f"{r['compile_seconds']:.1f}"
+        if r["cached"]:
+            secs = f"[dim]{secs}[/]"
+        name = f"[yellow]{escape(r['variant'])}[/]" if spills else escape(r["variant"])
+        extra = []
+        if has_notes:
+            marks = []
+            for w in r["warnings"]:
+                notes.setdefault(w, len(notes) + 1)
+                marks.append(f"[{notes[w]}]")
+            extra = [escape(" ".join(marks))]
+        t.add_row(name, *cells, secs, *extra)
+    out.print(t)
+    if table["cached"].any():
+        out.print("[dim]dim build times: from the compile cache, as measured when first built[/]")
+    for text, n in notes.items():
+        out.print(f"[yellow]\\[{n}][/] ptxas: {escape(text)}")
+
+
+def render_comparison(cmp: SpillComparison, *, console: Console | None = None, file: TextIO | None = None,
+                      width: int | None = None) -> None:
+    """B against A, metric by metric; a change is green when B needs less."""
+    out = _console(console, file, width)
+    out.print(f"A  {escape(cmp.a.variant)}")
+    out.print(f"B  {escape(cmp.b.variant)}")
+    for tag, (va, vb) in cmp.tag_differences.items():
+        out.print(f"[dim]   {escape(tag)}: {escape(va)} -> {escape(vb)}[/]")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("metric")
+    t.add_column("A", justify="right")
+    t.add_column("B", justify="right")
+    t.add_column("B - A", justify="right")
+    for d in cmp.deltas:
+        delta = d.delta
+        if delta is None:
+            change = "-"
+        elif delta == 0:
+            change = "0"
+        else:
+            shown = f"{delta / 1024:+.1f}" if d.metric == "smem_bytes" else f"{delta:+d}"
+            change = f"[{'green' if delta < 0 else 'red'}]{shown}[/]"
+        t.add_row(_LABELS[d.metric].replace("\n", " "), _fmt(d.metric, d.a), _fmt(d.metric, d.b), change)
+    out.print(t)
+    freed = cmp.delta("spill_bytes")
+    if freed is not None and freed < 0:
+        out.print(f"[green]B frees {-freed} spill bytes per thread[/]")
+    elif freed is not None and freed > 0:
+        out.print(f"[red]B spills {freed} bytes more per thread[/]")
+    elif freed == 0:
+        out.print("same spill bytes")
+    for label, ws in (("only A", cmp.warnings_only_in_a), ("only B", cmp.warnings_only_in_b)):
+        for w in ws:
+            out.print(f"[yellow]{label}:[/] ptxas: {escape(w)}")
+    for r in (cmp.a, cmp.b):
+        if r.error is not None:
+            out.print(f"[bold red]{escape(r.variant)} failed:[/] {escape(r.error)}")
+
+
+def _plain(v: Any) -> Any:
+    if _missing(v):
+        return None
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def table_to_dict(table: pd.DataFrame, *, target: str) -> dict[str, Any]:
+    rows = [{k: _plain(v) if not isinstance(v, list) else v for k, v in r.items()}
+            for r in table.to_dict(orient="records")]
+    return {"target": target, "variants": rows}
+
+
+def comparison_to_dict(cmp: SpillComparison, *, target: str) -> dict[str, Any]:
+    return {
+        "target": target,
+        "a": cmp.a.variant,
+        "b": cmp.b.variant,
+        "metrics": [{"metric": d.metric, "a": d.a, "b": d.b, "delta": d.delta} for d in cmp.deltas],
+        "tag_differences": {k: list(v) for k, v in cmp.tag_differences.items()},
+        "warnings_only_in_a": list(cmp.warnings_only_in_a),
+        "warnings_only_in_b": list(cmp.warnings_only_in_b),
+        "errors": {r.variant: r.error for r in (cmp.a, cmp.b) if r.error is not None},
+    }
+
+
+def to_json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2)

@@ -1,0 +1,535 @@
+"""The trace file: one recording of an instrumented kernel launch, self-describing (SPEC §4).
+
+A ``.jfatrace`` file is an npz archive (``np.savez_compressed``) with two members:
+
+- ``records``: the raw int64 record buffer exactly as the kernel left it, laid out by
+  :mod:`jfa_prof.records`;
+- ``meta``: UTF-8 JSON (stored as uint8 so the file loads with ``allow_pickle=False``) naming the
+  format and its version, the buffer layout with its role and site names, and what was run where.
+
+Keys of ``meta`` (only ``format``, ``format_version`` and ``layout`` are required to read a file;
+the rest make a trace useful weeks later):
+
+    format, format_version            "jfa-prof-trace", FORMAT_VERSION
+    layout                            {version, tile_capacity, n_ctas, n_roles, n_sites, roles, sites}
+    gpu                               {name, sm_count, sm_clock_khz, capability}
+    kernel                            {name, variant, config: {constexpr: value}}
+    workload                          the shape: grid, B, H, H_kv, D, Lq, max_kv, sparsity, ...
+    schedule                          "static" | "lpt" | "dynamic"
+    schedule_mechanism                how the schedule ran, e.g. "global atomic tile counter"
+    kernel_ms                         the launch's CUDA-event time, or null when not measured
+    versions, date, command           package versions, ISO-8601 time, the command line
+
+Decoding turns the buffer into DataFrames that analyses take; nothing here imports torch, so
+traces recorded on a GPU machine render anywhere.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shlex
+import sys
+import tempfile
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from jfa_prof.errors import BadInputError
+from jfa_prof.records import FWD_ROLES, FWD_SITES, LAYOUT_VERSION, Header, Layout, Span, Tile, Wait
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "SUFFIX",
+    "TILE_COLUMNS",
+    "Trace",
+    "bundled_dir",
+    "bundled_traces",
+    "find_bundled",
+    "layout_meta",
+    "layout_from_meta",
+    "open_trace",
+    "package_versions",
+    "read_meta",
+    "read_trace",
+    "schedule_mechanism",
+    "trace_from_buffer",
+    "write_trace",
+]
+
+FORMAT = "jfa-prof-trace"
+FORMAT_VERSION = 1
+SUFFIX = ".jfatrace"
+
+_RECORDS = "records"
+_META = "meta"
+
+# Tile fields in enum order, snake case, then the derived columns. Predicted schedules
+# (analyses.predict) produce the same columns so every analysis and renderer takes either.
+TILE_FIELD_COLUMNS = tuple(f.name.lower() for f in Tile)
+TILE_COLUMNS = ("slot",) + TILE_FIELD_COLUMNS + ("role_name", "start_ns", "end_ns", "dur_ns", "dur_cycles")
+SPAN_COLUMNS = ("cta", "role_id", "role", "smid", "t_start", "t_end", "c_start", "c_end", "n_tiles",
+                "start_ns", "end_ns", "dur_ns", "dur_cycles")
+WAIT_COLUMNS = ("cta", "smid", "role_id", "role", "site_id", "site", "cycles", "count")
+
+_MECHANISMS = {
+    "static": "grid order, dealt round-robin to persistent CTAs",
+    "lpt": "longest tiles first, dealt zigzag to persistent CTAs",
+    # Hopper has no Cluster Launch Control; the dynamic schedule there is a global atomic counter.
+    "dynamic": "global atomic tile counter over the LPT-ordered list (Hopper has no CLC)",
+}
+
+
+@dataclass
+class Trace:
+    """A decoded recording.
+
+    ``tiles``: one row per written tile record, ordered by ``slot`` (its position in the
+    schedule's work list); columns ``slot``, the :class:`~jfa_prof.records.Tile` fields in
+    snake case (raw ``t_start``/``t_end`` in ``%globaltimer`` ns, ``c_start``/``c_end`` in
+    ``clock64`` cycles of that SM), ``role_name``, ``start_ns``/``end_ns`` relative to the
+    kernel's first tile start (``t0_ns``), ``dur_ns`` and ``dur_cycles``.
+
+    ``spans``: one row per written (CTA, role) span, times relative to the same ``t0_ns`` (a
+    producer may start a little before the first tile, so its ``start_ns`` can be negative).
+
+    ``waits``: one row per (CTA, role, site) accumulator: cycles waited and number of waits.
+
+    ``dropped``: tile records the kernel could not write because the buffer was full. Anything
+    computed from a trace with ``dropped > 0`` misses those tiles; say so wherever it is shown.
+    """
+
+    meta: dict[str, Any]
+    buffer: np.ndarray
+    layout: Layout
+    tiles: pd.DataFrame
+    spans: pd.DataFrame
+    waits: pd.DataFrame
+    dropped: int
+    t0_ns: int
+    path: Path | None = None
+    origin: str = "memory"  # "file", "bundled", "live" or "memory": where the trace came from
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(self.meta["layout"]["roles"])
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return tuple(self.meta["layout"]["sites"])
+
+    @property
+    def gpu_name(self) -> str:
+        return str((self.meta.get("gpu") or {}).get("name") or "unknown GPU")
+
+    @property
+    def n_sms(self) -> int:
+        """SMs of the GPU (meta), or enough rows for every SM id seen when meta lacks it."""
+        seen = int(self.tiles["smid"].max()) + 1 if len(self.tiles) else 0
+        return max(int((self.meta.get("gpu") or {}).get("sm_count") or 0), seen)
+
+    @property
+    def n_ctas(self) -> int:
+        return self.layout.n_ctas
+
+    @property
+    def clock_khz(self) -> float | None:
+        khz = (self.meta.get("gpu") or {}).get("sm_clock_khz")
+        return float(khz) if khz else None
+
+    @property
+    def schedule(self) -> str:
+        return str(self.meta.get("schedule") or "unknown")
+
+    @property
+    def schedule_mechanism(self) -> str:
+        return schedule_mechanism(self.meta)
+
+    @property
+    def kernel_ms(self) -> float | None:
+        ms = self.meta.get("kernel_ms")
+        return float(ms) if ms is not None else None
+
+    @property
+    def makespan_ns(self) -> float:
+        return float(self.tiles["end_ns"].max()) if len(self.tiles) else 0.0
+
+    @property
+    def kernel_label(self) -> str:
+        kernel = self.meta.get("kernel") or {}
+        return str(kernel.get("variant") or kernel.get("name") or "unknown kernel")
+
+    @property
+    def workload_label(self) -> str:
+        """The workload's own label when recorded, else its main fields."""
+        w = self.meta.get("workload") or {}
+        if not isinstance(w, dict):
+            return str(w)
+        if w.get("label"):
+            return str(w["label"])
+        keys = ("grid", "B", "H", "D", "Lq", "max_kv", "sparsity")
+        return " ".join(f"{k}={w[k]}" for k in keys if k in w) or "unknown workload"
+
+    def describe_origin(self) -> str:
+        """Where the data comes from, in the words the commands print."""
+        if self.origin == "bundled":
+            name = f": {self.path.name}" if self.path else ""
+            gpu = self.gpu_name.removeprefix("NVIDIA ")
+            return f"bundled {gpu} recording (not live){name}"
+        if self.origin == "live":
+            return f"live recording on {self.gpu_name}"
+        if self.origin == "file":
+            return f"{self.path} ({self.gpu_name}, recorded {self.meta.get('date', 'at an unknown date')})"
+        return f"in-memory trace ({self.gpu_name})"
+
+
+def schedule_mechanism(meta: Mapping[str, Any]) -> str:
+    """How the trace's schedule was realized: the recorder's own words when it wrote them."""
+    if meta.get("schedule_mechanism"):
+        return str(meta["schedule_mechanism"])
+    return _MECHANISMS.get(str(meta.get("schedule")), "unknown schedule")
+
+
+# ---------------------------------------------------------------------------------------------
+# metadata
+# ---------------------------------------------------------------------------------------------
+
+def layout_meta(layout: Layout, roles: Sequence[str] = FWD_ROLES, sites: Sequence[str] = FWD_SITES) -> dict:
+    """The ``meta["layout"]`` entry for a buffer made with ``layout``."""
+    if len(roles) != layout.n_roles or len(sites) != layout.n_sites:
+        raise ValueError(f"layout has {layout.n_roles} roles and {layout.n_sites} sites, "
+                         f"got names for {len(roles)} and {len(sites)}")
+    return {
+        "version": LAYOUT_VERSION,
+        "tile_capacity": layout.tile_capacity,
+        "n_ctas": layout.n_ctas,
+        "n_roles": layout.n_roles,
+        "n_sites": layout.n_sites,
+        "roles": list(roles),
+        "sites": list(sites),
+    }
+
+
+def layout_from_meta(meta: Mapping[str, Any], *, where: str = "trace") -> Layout:
+    """The Layout a metadata dict describes, checked; BadInputError when it is unusable."""
+    lay = meta.get("layout")
+    if not isinstance(lay, Mapping):
+        raise BadInputError(f"{where}: metadata has no 'layout' entry")
+    if lay.get("version") != LAYOUT_VERSION:
+        raise BadInputError(
+            f"{where}: record layout version {lay.get('version')!r} is not supported "
+            f"(this jfa-prof reads layout version {LAYOUT_VERSION})",
+            hint="re-record it, or read it with the jfa-prof version that wrote it")
+    dims = {}
+    for key in ("tile_capacity", "n_ctas", "n_roles", "n_sites"):
+        v = lay.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise BadInputError(f"{where}: layout.{key} must be a non-negative integer, got {v!r}")
+        dims[key] = v
+    for key, n in (("roles", dims["n_roles"]), ("sites", dims["n_sites"])):
+        names = lay.get(key)
+        if not isinstance(names, list) or len(names) != n or not all(isinstance(x, str) for x in names):
+            raise BadInputError(f"{where}: layout.{key} must list {n} names, got {names!r}")
+    return Layout(**dims)
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of the packages a recording depends on, read without importing them."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": sys.version.split()[0]}
+    for dist in ("jfa-prof", "fbtriton", "triton", "torch", "numpy"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _complete_meta(meta: Mapping[str, Any]) -> dict:
+    full = dict(meta)
+    full["format"] = FORMAT
+    full["format_version"] = FORMAT_VERSION
+    full.setdefault("date", _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds"))
+    full.setdefault("command", shlex.join(sys.argv))
+    full.setdefault("versions", package_versions())
+    full.setdefault("kernel_ms", None)
+    return full
+
+
+def _json_default(x: Any) -> Any:
+    # Config dicts often carry numpy scalars or paths; JSON has no type for them.
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"metadata value of type {type(x).__name__} is not JSON serializable")
+
+
+# ---------------------------------------------------------------------------------------------
+# writing and reading
+# ---------------------------------------------------------------------------------------------
+
+def _check_buffer(buffer: Any, layout: Layout, where: str) -> np.ndarray:
+    buf = np.asarray(buffer)
+    if buf.dtype != np.int64 or buf.ndim != 1:
+        raise BadInputError(f"{where}: record buffer must be 1-D int64, got {buf.dtype} with shape {buf.shape}")
+    if buf.size != layout.total_words:
+        raise BadInputError(
+            f"{where}: record buffer has {buf.size} words but its layout "
+            f"(capacity {layout.tile_capacity}, {layout.n_ctas} CTAs, {layout.n_roles} roles, "
+            f"{layout.n_sites} sites) needs {layout.total_words}")
+    return buf
+
+
+def write_trace(path: str | os.PathLike, buffer: np.ndarray, meta: Mapping[str, Any]) -> Path:
+    """Write ``buffer`` (the host copy of the record buffer) and ``meta`` as one trace file.
+
+    ``meta`` must hold ``layout`` (see :func:`layout_meta`); ``format``, ``format_version``,
+    and, when absent, ``date``, ``command``, ``versions`` and ``kernel_ms`` are filled in. The
+    file appears atomically: a reader never sees half of it.
+    """
+    path = Path(path)
+    full = _complete_meta(meta)
+    layout = layout_from_meta(full, where=str(path))
+    buf = np.ascontiguousarray(_check_buffer(buffer, layout, str(path)))
+    meta_bytes = np.frombuffer(json.dumps(full, default=_json_default, sort_keys=True).encode(), dtype=np.uint8)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        # A file object, not a name: given a name, numpy appends ".npz" to anything else.
+        with os.fdopen(fd, "wb") as f:
+            np.savez_compressed(f, **{_RECORDS: buf, _META: meta_bytes})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_trace(path: str | os.PathLike, *, origin: str = "file") -> Trace:
+    """Load and decode a trace file; BadInputError says what is wrong with a bad one."""
+    path = Path(path)
+    meta, buffer = _load(path, with_records=True)
+    return trace_from_buffer(buffer, meta, path=path, origin=origin)
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """Only the metadata of a trace file (the records stay compressed on disk)."""
+    return _load(Path(path), with_records=False)[0]
+
+
+def _load(path: Path, *, with_records: bool) -> tuple[dict[str, Any], np.ndarray | None]:
+    if not path.exists():
+        raise BadInputError(f"trace file {path} does not exist")
+    if not path.is_file():
+        raise BadInputError(f"trace file {path} is not a file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise BadInputError(f"cannot read trace file {path}: {e.strerror or e}") from None
+    if not magic.startswith(b"PK"):
+        raise BadInputError(f"{path} is not a jfa-prof trace (expected a {SUFFIX} npz archive)")
+    buffer = None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in (_RECORDS, _META) if k not in npz.files]
+            if missing:
+                raise BadInputError(f"{path} is not a jfa-prof trace: no {' or '.join(missing)} in the archive "
+                                    f"(it holds {', '.join(npz.files) or 'nothing'})")
+            meta_raw = npz[_META]
+            if with_records:
+                buffer = npz[_RECORDS]
+    except BadInputError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        raise BadInputError(f"{path} is corrupt: {e}") from None
+
+    if meta_raw.dtype != np.uint8 or meta_raw.ndim != 1:
+        raise BadInputError(f"{path} is corrupt: metadata is {meta_raw.dtype}{list(meta_raw.shape)}, not bytes")
+    try:
+        meta = json.loads(meta_raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInputError(f"{path} is corrupt: metadata is not JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        raise BadInputError(f"{path} is not a jfa-prof trace (format {fmt!r}, expected {FORMAT!r})")
+    version = meta.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise BadInputError(
+            f"{path}: trace format version {version!r} is not supported (this jfa-prof reads "
+            f"versions 1 to {FORMAT_VERSION})", hint="upgrade jfa-prof, or re-record the trace")
+    return meta, buffer
+
+
+def trace_from_buffer(buffer: np.ndarray, meta: Mapping[str, Any], *, path: Path | None = None,
+                      origin: str = "memory") -> Trace:
+    """Decode a record buffer in memory (the live ``record`` path), exactly as read_trace does."""
+    where = str(path) if path is not None else "record buffer"
+    meta = dict(meta)
+    layout = layout_from_meta(meta, where=where)
+    buf = _check_buffer(buffer, layout, where)
+    parts = layout.split(buf)
+
+    capacity = int(parts["header"][Header.CAPACITY])
+    if capacity not in (0, layout.tile_capacity):
+        raise BadInputError(f"{where} is corrupt: header says {capacity} tile slots, "
+                            f"layout says {layout.tile_capacity}")
+    dropped = int(parts["header"][Header.DROPPED])
+    if dropped < 0:
+        raise BadInputError(f"{where} is corrupt: negative dropped-record count {dropped}")
+
+    roles = tuple(meta["layout"]["roles"])
+    sites = tuple(meta["layout"]["sites"])
+    tiles = _decode_tiles(parts["tiles"], roles)
+    span_rows = parts["spans"]
+    span_valid = span_rows[:, :, Span.VALID] != 0
+    if len(tiles):
+        t0 = int(tiles["t_start"].min())
+    elif span_valid.any():
+        t0 = int(span_rows[:, :, Span.T_START][span_valid].min())
+    else:
+        t0 = 0
+    if len(tiles):
+        tiles["start_ns"] = tiles["t_start"] - t0
+        tiles["end_ns"] = tiles["t_end"] - t0
+    spans = _decode_spans(span_rows, roles, t0)
+    waits = _decode_waits(parts["waits"], roles, sites, spans, tiles)
+
+    warnings = []
+    if dropped:
+        warnings.append(f"{dropped} tile record(s) dropped: the record buffer "
+                        f"({layout.tile_capacity} slots) was full; results miss those tiles")
+    bad = tiles["t_end"] < tiles["t_start"]
+    if bad.any():
+        warnings.append(f"{int(bad.sum())} tile record(s) end before they start")
+    return Trace(meta=meta, buffer=buf, layout=layout, tiles=tiles, spans=spans, waits=waits,
+                 dropped=dropped, t0_ns=t0, path=path, origin=origin, warnings=warnings)
+
+
+def _role_names(ids: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    lookup = np.array(list(names) + ["?"], dtype=object)
+    return lookup[np.where((ids >= 0) & (ids < len(names)), ids, len(names))]
+
+
+def _decode_tiles(rows: np.ndarray, roles: Sequence[str]) -> pd.DataFrame:
+    valid = rows[:, Tile.VALID] != 0
+    slots = np.flatnonzero(valid)
+    r = rows[valid]
+    df = pd.DataFrame({"slot": slots.astype(np.int64)})
+    for f in Tile:
+        df[f.name.lower()] = r[:, f]
+    df["role_name"] = _role_names(r[:, Tile.ROLE], roles)
+    df["start_ns"] = np.zeros(len(r), dtype=np.int64)  # set once the kernel's t0 is known
+    df["end_ns"] = np.zeros(len(r), dtype=np.int64)
+    df["dur_ns"] = r[:, Tile.T_END] - r[:, Tile.T_START]
+    df["dur_cycles"] = r[:, Tile.C_END] - r[:, Tile.C_START]
+    return df
+
+
+def _decode_spans(rows: np.ndarray, roles: Sequence[str], t0: int) -> pd.DataFrame:
+    n_ctas, n_roles, _ = rows.shape
+    cta, role = np.meshgrid(np.arange(n_ctas), np.arange(n_roles), indexing="ij")
+    valid = rows[:, :, Span.VALID] != 0
+    r = rows[valid]
+    return pd.DataFrame({
+        "cta": cta[valid].astype(np.int64),
+        "role_id": role[valid].astype(np.int64),
+        "role": _role_names(role[valid], roles),
+        "smid": r[:, Span.SMID],
+        "t_start": r[:, Span.T_START],
+        "t_end": r[:, Span.T_END],
+        "c_start": r[:, Span.C_START],
+        "c_end": r[:, Span.C_END],
+        "n_tiles": r[:, Span.N_TILES],
+        "start_ns": r[:, Span.T_START] - t0,
+        "end_ns": r[:, Span.T_END] - t0,
+        "dur_ns": r[:, Span.T_END] - r[:, Span.T_START],
+        "dur_cycles": r[:, Span.C_END] - r[:, Span.C_START],
+    })
+
+
+def _decode_waits(rows: np.ndarray, roles: Sequence[str], sites: Sequence[str],
+                  spans: pd.DataFrame, tiles: pd.DataFrame) -> pd.DataFrame:
+    n_ctas, n_roles, n_sites, _ = rows.shape
+    cta, role, site = np.meshgrid(np.arange(n_ctas), np.arange(n_roles), np.arange(n_sites), indexing="ij")
+    # A CTA never migrates, so any record of it names its SM: spans first, tiles otherwise.
+    sm_of_cta = np.full(n_ctas, -1, dtype=np.int64)
+    if len(tiles):
+        ok = (tiles["cta"] >= 0) & (tiles["cta"] < n_ctas)
+        sm_of_cta[tiles["cta"][ok].to_numpy()] = tiles["smid"][ok].to_numpy()
+    if len(spans):
+        ok = (spans["cta"] >= 0) & (spans["cta"] < n_ctas)
+        sm_of_cta[spans["cta"][ok].to_numpy()] = spans["smid"][ok].to_numpy()
+    flat_cta = cta.ravel()
+    flat_role = role.ravel()
+    flat_site = site.ravel()
+    return pd.DataFrame({
+        "cta": flat_cta.astype(np.int64),
+        "smid": sm_of_cta[flat_cta],
+        "role_id": flat_role.astype(np.int64),
+        "role": _role_names(flat_role, roles),
+        "site_id": flat_site.astype(np.int64),
+        "site": _role_names(flat_site, sites),
+        "cycles": rows[..., Wait.CYCLES].ravel(),
+        "count": rows[..., Wait.COUNT].ravel(),
+    })
+
+
+# ---------------------------------------------------------------------------------------------
+# bundled recordings
+# ---------------------------------------------------------------------------------------------
+
+def bundled_dir() -> Path:
+    """Where the package keeps the H200 recordings that let CPU-only machines render something."""
+    return Path(__file__).resolve().parent / "data"
+
+
+def bundled_traces(pattern: str = f"*{SUFFIX}") -> list[Path]:
+    d = bundled_dir()
+    return sorted(d.glob(pattern)) if d.is_dir() else []
+
+
+# File name endings of the bundled recordings, per side of the --clc axis.
+BUNDLED_SUFFIXES = {"off": ("_static" + SUFFIX, "_lpt" + SUFFIX), "on": ("_dynamic" + SUFFIX,)}
+
+
+def find_bundled(clc: str, **workload: Any) -> Path | None:
+    """The bundled recording for one side of ``--clc`` ("off" or "on"), or None.
+
+    ``workload`` fields that are not None (``grid``, ``Lq``, ``max_kv``, ``sparsity``, ...) must
+    match the recording's ``meta["workload"]``; among matches the first by name wins.
+    """
+    wanted = {k: v for k, v in workload.items() if v is not None}
+    for path in bundled_traces("h200_*" + SUFFIX):
+        if not path.name.endswith(BUNDLED_SUFFIXES[clc]):
+            continue
+        if wanted:
+            recorded = read_meta(path).get("workload") or {}
+            if any(recorded.get(k) != v for k, v in wanted.items()):
+                continue
+        return path
+    return None
+
+
+def open_trace(path: str | os.PathLike | None) -> Trace:
+    """The trace file given, else a bundled recording (the dynamic one first)."""
+    if path is not None:
+        return read_trace(path)
+    for clc in ("on", "off"):
+        found = find_bundled(clc)
+        if found is not None:
+            return read_trace(found, origin="bundled")
+    raise BadInputError(f"no trace file given and no bundled recording in {bundled_dir()}",
+                        hint="pass --trace FILE (record one on a GPU with `jfa-prof record`)")

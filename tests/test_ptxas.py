@@ -1,0 +1,195 @@
+from pathlib import Path
+
+import pytest
+
+from jfa_prof.errors import BadInputError
+from jfa_prof.ptxas import PtxasLogError, count_local_memory, entry_stats, parse_ptxas_log
+
+DATA = Path(__file__).parent / "data" / "ptxas"
+
+
+def _log(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+@pytest.mark.parametrize(
+    "fixture, name, registers, stores, loads, stack, barriers",
+    [
+        ("ws_gemm_sm90a.log", "ws_gemm_kernel", 168, 0, 0, 0, 4),
+        ("wgmma_serialized_spills.log", "ws_gemm_kernel", 160, 1488, 1168, 976, 3),
+        ("setmaxnreg_ignored.log", "ws_gemm_kernel", 90, 0, 0, 0, 4),
+        ("register_hog_spills.log", "register_hog_kernel", 64, 80, 100, 48, 0),
+        ("register_hog_maxnreg8.log", "register_hog_kernel", 24, 824, 956, 392, 0),
+        ("jfa_fwd_bcast_bf16_d128.log", "_jfa_fwd", 168, 504, 640, 192, 13),
+    ],
+)
+def test_single_kernel_logs(fixture, name, registers, stores, loads, stack, barriers):
+    (rec,) = parse_ptxas_log(_log(fixture))
+    assert (rec.name, rec.is_entry, rec.target) == (name, True, "sm_90a")
+    assert rec.registers == registers
+    assert (rec.spill_store_bytes, rec.spill_load_bytes, rec.stack_frame_bytes) == (stores, loads, stack)
+    assert rec.spill_bytes == stores + loads
+    assert rec.spills == (stores + loads > 0)
+    assert rec.barriers == barriers
+    assert rec.compile_time_ms > 0
+    # ptxas prints the cumulative stack only when there is one.
+    assert rec.cumulative_stack_bytes == (stack or None)
+
+
+def test_wgmma_serialization_note_goes_to_the_function_it_names():
+    (rec,) = parse_ptxas_log(_log("wgmma_serialized_spills.log"))
+    assert len(rec.warnings) == 1
+    assert rec.warnings[0].startswith("(C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized")
+
+
+def test_unnamed_setmaxnreg_note_goes_to_the_next_entry():
+    (rec,) = parse_ptxas_log(_log("setmaxnreg_ignored.log"))
+    assert rec.warnings == ["(C7507) Potential Performance Loss: 'setmaxnreg' ignored to maintain minimum "
+                            "register requirements."]
+
+
+def test_register_count_warning():
+    (rec,) = parse_ptxas_log(_log("register_hog_maxnreg8.log"))
+    assert rec.warnings == ["For entry register_hog_kernel adjusting per thread register count of 8 to "
+                            "lower bound of 24"]
+
+
+def test_clean_log_has_no_warnings():
+    (rec,) = parse_ptxas_log(_log("ws_gemm_sm90a.log"))
+    assert rec.warnings == []
+    assert rec.smem_bytes is None  # this ptxas prints smem only for static shared memory
+
+
+def test_device_functions_follow_their_entry():
+    recs = parse_ptxas_log(_log("noinline_calls.log"))
+    assert [r.is_entry for r in recs] == [True, False, False]
+    entry, *helpers = recs
+    assert entry.name == "calls_kernel" and entry.registers == 26
+    for h in helpers:
+        assert "_softplus_inplace" in h.name
+        assert h.registers is None and h.compile_time_ms is None
+        assert h.target == "sm_90a"
+        assert h.stack_frame_bytes == 0
+    assert helpers[0].name != helpers[1].name  # one specialization per BLOCK
+
+
+def test_several_logs_back_to_back():
+    recs = parse_ptxas_log(_log("session_several_kernels.log"))
+    assert [(r.name, r.is_entry) for r in recs][:3] == [
+        ("ws_gemm_kernel", True), ("register_hog_kernel", True), ("calls_kernel", True)]
+    assert len(recs) == 5
+    ws, hog, calls = recs[:3]
+    assert ws.registers == 255
+    assert ws.warnings == ["Too many maxnreg specified for entry ws_gemm_kernel, will be ignored"]
+    assert hog.warnings == [] and calls.warnings == []
+    assert hog.spill_bytes == 180
+    assert entry_stats(recs, "calls_kernel") is calls
+
+
+@pytest.mark.parametrize("fixture", ["static_smem.log", "static_smem_ptxas_blackwell.log"])
+def test_static_shared_memory_and_tool_prefix(fixture):
+    (rec,) = parse_ptxas_log(_log(fixture))
+    assert (rec.name, rec.registers, rec.barriers, rec.smem_bytes) == ("static_smem_kernel", 12, 1, 4096)
+
+
+def test_older_ptxas_wording_with_constant_banks():
+    # CUDA 11/12.0-era ptxas: no barrier count, static smem and constant banks on the register line.
+    log = "\n".join([
+        "ptxas info    : 0 bytes gmem",
+        "ptxas info    : Compiling entry function 'k' for 'sm_80'",
+        "ptxas info    : Function properties for k",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Used 40 registers, 384 bytes smem, 372 bytes cmem[0], 8 bytes cmem[2]",
+    ])
+    (rec,) = parse_ptxas_log(log)
+    assert (rec.registers, rec.smem_bytes, rec.cmem_bytes, rec.barriers) == (40, 384, {0: 372, 2: 8}, None)
+    assert rec.compile_time_ms is None and rec.target == "sm_80"
+
+
+def test_entry_stats_missing_name():
+    with pytest.raises(KeyError, match="nope"):
+        entry_stats(parse_ptxas_log(_log("ws_gemm_sm90a.log")), "nope")
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "hello world\n",
+    "ptxas info    : 0 bytes gmem\n",  # a module line alone says nothing about any function
+    (DATA / "register_hog_spills.sass").read_text()[:2000],
+])
+def test_garbage_is_rejected(text):
+    with pytest.raises(PtxasLogError, match="no ptxas function statistics"):
+        parse_ptxas_log(text)
+
+
+def test_failed_assembly_is_rejected_with_the_fatal_message():
+    with pytest.raises(PtxasLogError, match=r"ptxas failed.*C7602\) Insufficient registers"):
+        parse_ptxas_log(_log("fatal_insufficient_registers.log"))
+
+
+def test_parse_error_is_a_value_error_and_a_bad_input_error():
+    with pytest.raises(ValueError):
+        parse_ptxas_log("nothing")
+    with pytest.raises(BadInputError) as info:
+        parse_ptxas_log("nothing")
+    assert info.value.exit_code == 2
+
+
+def test_non_text_is_rejected():
+    with pytest.raises(PtxasLogError):
+        parse_ptxas_log(b"ptxas info")  # type: ignore[arg-type]
+
+
+# ---- SASS --------------------------------------------------------------------------------------
+
+def test_local_memory_counts_and_sites():
+    sass = (DATA / "register_hog_spills.sass").read_text()
+    stats = count_local_memory(sass)
+    assert (stats.loads, stats.stores, stats.total) == (23, 19, 42)
+    assert dict(stats.per_function) == {"register_hog_kernel": (23, 19)}
+    assert stats.instructions > stats.total
+    assert len(stats.sites) == 42
+    lines = sass.splitlines()
+    for site in stats.sites:
+        assert site.function == "register_hog_kernel"
+        assert site.opcode.split(".")[0] in ("LDL", "STL")
+        assert site.is_load == site.opcode.startswith("LDL")
+        # line and offset point back at the very instruction in the dump
+        assert f"/*{site.offset:04x}*/" in lines[site.line - 1]
+        assert site.opcode in lines[site.line - 1]
+        marked = [c for c in site.context if c.startswith("->")]
+        assert marked == [f"-> /*{site.offset:04x}*/ {site.instruction}"]
+        assert 1 <= len(site.context) <= 5
+    offsets = [s.offset for s in stats.sites]
+    assert offsets == sorted(offsets)
+
+
+def test_local_memory_none_in_a_clean_kernel():
+    sass = "\n".join([
+        "\tcode for sm_90a",
+        "\t\tFunction : k",
+        "        /*0000*/                   LDC R1, c[0x0][0x28] ;  /* 0x00000a00ff017b82 */",
+        "        /*0010*/                   EXIT ;                  /* 0x000000000000794d */",
+    ])
+    stats = count_local_memory(sass)
+    assert (stats.loads, stats.stores, stats.instructions, stats.sites) == (0, 0, 2, ())
+
+
+def test_predicated_and_wide_local_accesses():
+    sass = "\n".join([
+        "\t\tFunction : k",
+        "        /*0000*/               @P0 STL.64 [R1+0x8], R2 ;  /* 0x0000 */",
+        "        /*0010*/              @!P1 LDL.LU.128 R4, [R1+0x10] ;  /* 0x0000 */",
+        "        /*0020*/                   LDG.E R6, desc[UR4][R2.64] ;  /* 0x0000 */",
+    ])
+    stats = count_local_memory(sass)
+    assert [(s.opcode, s.offset, s.instruction) for s in stats.sites] == [
+        ("STL.64", 0, "@P0 STL.64 [R1+0x8], R2"),
+        ("LDL.LU.128", 0x10, "@!P1 LDL.LU.128 R4, [R1+0x10]"),
+    ]
+
+
+@pytest.mark.parametrize("text", ["", "not sass at all", _log("ws_gemm_sm90a.log")])
+def test_sass_garbage_is_rejected(text):
+    with pytest.raises(PtxasLogError, match="no SASS instructions"):
+        count_local_memory(text)

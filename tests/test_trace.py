@@ -1,0 +1,270 @@
+"""The trace file: round trip, decoding, and clear errors for anything that is not a good trace."""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+import tracegen
+from jfa_prof import trace as trace_mod
+from jfa_prof.errors import BadInputError
+from jfa_prof.records import FWD_ROLES, FWD_SITES, LAYOUT_VERSION, Header, Layout
+from jfa_prof.trace import (FORMAT, FORMAT_VERSION, TILE_COLUMNS, find_bundled, layout_meta, open_trace, read_meta,
+                            read_trace, trace_from_buffer, write_trace)
+
+
+@pytest.fixture(scope="module")
+def run():
+    rng = np.random.default_rng(3)
+    return tracegen.persistent_run(rng.integers(1, 9, size=50), n_ctas=6, n_sms=8, schedule="lpt")
+
+
+def _npz(path, **arrays):
+    with open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    return path
+
+
+def _meta_bytes(meta):
+    return np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+
+
+def test_round_trip_keeps_buffer_and_meta(tmp_path, run):
+    buf, meta, _ = run
+    meta = {**meta, "kernel_ms": 0.125, "config_scalar": np.int64(7)}
+    path = write_trace(tmp_path / "run.jfatrace", buf, meta)
+    assert path == tmp_path / "run.jfatrace" and path.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["run.jfatrace"]  # no ".npz" appended, no temp file left
+    tr = read_trace(path)
+    np.testing.assert_array_equal(tr.buffer, buf)
+    assert tr.meta["format"] == FORMAT and tr.meta["format_version"] == FORMAT_VERSION
+    assert tr.meta["layout"] == meta["layout"]
+    assert tr.meta["config_scalar"] == 7 and tr.kernel_ms == 0.125
+    for key in ("date", "command", "versions"):
+        assert tr.meta[key]
+    assert tr.meta["versions"]["numpy"] == np.__version__
+    assert tr.origin == "file" and tr.path == path
+    assert read_meta(path)["gpu"]["name"] == "NVIDIA H200"
+
+
+def test_decoded_tiles_match_the_run(run):
+    buf, meta, truth = run
+    tr = trace_from_buffer(buf, meta)
+    assert tuple(tr.tiles.columns) == TILE_COLUMNS
+    assert len(tr.tiles) == len(truth) and tr.dropped == 0 and tr.warnings == []
+    got = tr.tiles.set_index("slot")
+    want = truth.set_index("slot")
+    for col in ("cta", "smid", "tile", "batch", "head", "kv_len", "n_blocks", "start_ns", "end_ns", "dur_ns", "role"):
+        np.testing.assert_array_equal(got[col].to_numpy(), want.loc[got.index, col].to_numpy(), err_msg=col)
+    assert tr.tiles["start_ns"].min() == 0
+    assert tr.t0_ns == tracegen.GLOBALTIMER_EPOCH
+    # clock64 counts cycles at the SM clock: 1.98 cycles per ns here
+    np.testing.assert_allclose(tr.tiles["dur_cycles"], tr.tiles["dur_ns"] * 1.98, atol=1)
+    assert set(tr.tiles["role_name"]) == {"consumer0"}  # the first consumer writes the record
+    assert tr.n_sms == 8 and tr.n_ctas == 6 and tr.roles == FWD_ROLES and tr.sites == FWD_SITES
+    assert tr.schedule == "lpt" and "zigzag" in tr.schedule_mechanism
+
+
+def test_spans_and_waits_are_decoded(run):
+    buf, meta, truth = run
+    tr = trace_from_buffer(buf, meta)
+    assert len(tr.spans) == 6 * len(FWD_ROLES)
+    producer = tr.spans[tr.spans["role"] == "producer"]
+    assert (producer["start_ns"] == -300).all()  # the producer starts before the first tile
+    assert list(tr.waits.columns) == ["cta", "smid", "role_id", "role", "site_id", "site", "cycles", "count"]
+    assert len(tr.waits) == 6 * len(FWD_ROLES) * len(FWD_SITES)
+    k_full = tr.waits[(tr.waits["site"] == "k_full")]
+    assert k_full["cycles"].sum() == (100 + 80) * truth["n_blocks"].sum()  # both consumers wait
+    # every CTA's SM is known to its waits
+    sm_of_cta = truth.groupby("cta")["smid"].first()
+    np.testing.assert_array_equal(tr.waits["smid"], sm_of_cta[tr.waits["cta"]].to_numpy())
+
+
+def test_unwritten_slots_are_not_tiles():
+    tr = tracegen.hand_trace([{"cta": 0, "smid": 0, "start": 0, "end": 10, "slot": 3}], n_sms=1, capacity=8)
+    assert list(tr.tiles["slot"]) == [3]
+
+
+def test_full_buffer_is_reported(tmp_path):
+    buf, meta, truth = tracegen.persistent_run(np.arange(1, 21), n_ctas=4, capacity=15)
+    tr = read_trace(write_trace(tmp_path / "full.jfatrace", buf, meta))
+    assert tr.dropped == 5
+    assert len(tr.tiles) == 15 and tr.tiles["slot"].max() == 14
+    assert any("5 tile record(s) dropped" in w for w in tr.warnings)
+
+
+def test_empty_trace_decodes():
+    tr = tracegen.hand_trace([], n_sms=4, n_ctas=2)
+    assert len(tr.tiles) == 0 and tuple(tr.tiles.columns) == TILE_COLUMNS
+    assert tr.makespan_ns == 0.0 and tr.n_sms == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# bad files
+# ---------------------------------------------------------------------------------------------
+
+def _expect(path, *words):
+    with pytest.raises(BadInputError) as info:
+        read_trace(path)
+    assert info.value.exit_code == 2
+    for w in words:
+        assert w in str(info.value), str(info.value)
+
+
+def test_missing_file(tmp_path):
+    _expect(tmp_path / "nope.jfatrace", "does not exist")
+
+
+def test_directory(tmp_path):
+    _expect(tmp_path, "not a file")
+
+
+def test_text_file_is_foreign(tmp_path):
+    p = tmp_path / "notes.jfatrace"
+    p.write_text("hello")
+    _expect(p, "not a jfa-prof trace")
+
+
+def test_npy_file_is_foreign(tmp_path):
+    p = tmp_path / "array.jfatrace"
+    with open(p, "wb") as f:
+        np.save(f, np.zeros(4))
+    _expect(p, "not a jfa-prof trace")
+
+
+def test_other_npz_is_foreign(tmp_path):
+    p = _npz(tmp_path / "other.jfatrace", weights=np.zeros(3))
+    _expect(p, "not a jfa-prof trace", "records", "weights")
+
+
+def test_other_zip_is_foreign(tmp_path):
+    p = tmp_path / "doc.jfatrace"
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("word/document.xml", "<xml/>")
+    _expect(p, "not a jfa-prof trace")
+
+
+def test_wrong_format_name(tmp_path, run):
+    buf, meta, _ = run
+    p = _npz(tmp_path / "x.jfatrace", records=buf, meta=_meta_bytes({**meta, "format": "someone-else"}))
+    _expect(p, "not a jfa-prof trace", "someone-else")
+
+
+def test_newer_format_version(tmp_path, run):
+    buf, meta, _ = run
+    p = _npz(tmp_path / "x.jfatrace", records=buf,
+             meta=_meta_bytes({**meta, "format": FORMAT, "format_version": FORMAT_VERSION + 1}))
+    _expect(p, "format version", "not supported")
+
+
+def test_other_layout_version(tmp_path, run):
+    buf, meta, _ = run
+    lay = {**meta["layout"], "version": LAYOUT_VERSION + 1}
+    p = _npz(tmp_path / "x.jfatrace", records=buf,
+             meta=_meta_bytes({**meta, "layout": lay, "format": FORMAT, "format_version": FORMAT_VERSION}))
+    _expect(p, "layout version", "not supported")
+
+
+def test_buffer_size_must_match_layout(tmp_path, run):
+    buf, meta, _ = run
+    p = _npz(tmp_path / "x.jfatrace", records=buf[:-2],
+             meta=_meta_bytes({**meta, "format": FORMAT, "format_version": FORMAT_VERSION}))
+    _expect(p, "words", "needs")
+
+
+def test_header_capacity_must_match_layout(tmp_path, run):
+    buf, meta, _ = run
+    bad = buf.copy()
+    bad[Header.CAPACITY] += 1
+    with pytest.raises(BadInputError, match="corrupt"):
+        trace_from_buffer(bad, meta)
+
+
+def test_metadata_not_json(tmp_path, run):
+    buf, _, _ = run
+    p = _npz(tmp_path / "x.jfatrace", records=buf, meta=np.frombuffer(b"\xff\xfe{", dtype=np.uint8))
+    _expect(p, "corrupt", "metadata")
+
+
+def test_pickled_metadata_is_refused(tmp_path, run):
+    buf, meta, _ = run
+    p = tmp_path / "x.jfatrace"
+    with open(p, "wb") as f:
+        np.savez(f, records=buf, meta=np.array([meta], dtype=object))
+    _expect(p, "corrupt")
+
+
+def test_truncated_file(tmp_path, run):
+    buf, meta, _ = run
+    good = write_trace(tmp_path / "good.jfatrace", buf, meta).read_bytes()
+    p = tmp_path / "cut.jfatrace"
+    p.write_bytes(good[: len(good) // 2])
+    _expect(p, "corrupt")
+
+
+def test_flipped_bytes_in_records(tmp_path, run):
+    buf, meta, _ = run
+    data = bytearray(write_trace(tmp_path / "good.jfatrace", buf, meta).read_bytes())
+    # damage the compressed payload of the first member, not the zip directory
+    data[200:260] = bytes(60)
+    p = tmp_path / "bad.jfatrace"
+    p.write_bytes(bytes(data))
+    _expect(p, "")  # any BadInputError: the point is no traceback
+
+
+def test_write_rejects_bad_input(tmp_path, run):
+    buf, meta, _ = run
+    with pytest.raises(BadInputError, match="int64"):
+        write_trace(tmp_path / "x.jfatrace", buf.astype(np.int32), meta)
+    with pytest.raises(BadInputError, match="needs"):
+        write_trace(tmp_path / "x.jfatrace", buf[:-1], meta)
+    with pytest.raises(BadInputError, match="layout"):
+        write_trace(tmp_path / "x.jfatrace", buf, {k: v for k, v in meta.items() if k != "layout"})
+    assert not list(tmp_path.iterdir())
+
+
+def test_layout_meta_checks_names():
+    with pytest.raises(ValueError):
+        layout_meta(Layout(4, 2, len(FWD_ROLES), len(FWD_SITES)), roles=("only-one",))
+    assert layout_meta(Layout(4, 2, len(FWD_ROLES), len(FWD_SITES)))["roles"] == list(FWD_ROLES)
+
+
+# ---------------------------------------------------------------------------------------------
+# bundled recordings
+# ---------------------------------------------------------------------------------------------
+
+def test_bundled_lookup(tmp_path, monkeypatch, run):
+    buf, meta, _ = run
+    monkeypatch.setattr(trace_mod, "bundled_dir", lambda: tmp_path)
+    with pytest.raises(BadInputError, match="bundled"):
+        open_trace(None)
+    write_trace(tmp_path / "h200_hsp_lq256_kv2048_s0.5_static.jfatrace", buf, {**meta, "schedule": "static"})
+    write_trace(tmp_path / "h200_hsp_lq256_kv2048_s0.5_dynamic.jfatrace", buf, {**meta, "schedule": "dynamic"})
+    assert find_bundled("off").name.endswith("_static.jfatrace")
+    assert find_bundled("on").name.endswith("_dynamic.jfatrace")
+    assert find_bundled("on", max_kv=2048, grid="hsp") is not None
+    assert find_bundled("on", max_kv=4096) is None
+    tr = open_trace(None)
+    assert tr.origin == "bundled" and tr.schedule == "dynamic"
+    assert tr.describe_origin().startswith("bundled H200 recording (not live)")
+
+
+# ---------------------------------------------------------------------------------------------
+# real recordings, when the repository has some
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", tracegen.recorded_traces(), ids=tracegen.recorded_id)
+def test_recorded_trace_decodes(path):
+    tr = read_trace(path)
+    assert len(tr.tiles) > 0
+    assert (tr.tiles["end_ns"] >= tr.tiles["start_ns"]).all()
+    assert tr.tiles["slot"].is_unique
+    assert tr.tiles["smid"].between(0, tr.n_sms - 1).all()
+    assert tr.tiles["cta"].between(0, tr.n_ctas - 1).all()
+    assert tr.gpu_name and tr.schedule in ("static", "lpt", "dynamic")
+    # a CTA never leaves its SM
+    assert (tr.tiles.groupby("cta")["smid"].nunique() == 1).all()
+    assert io.StringIO(json.dumps(tr.meta)).read()
