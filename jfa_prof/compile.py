@@ -23,6 +23,7 @@ Triton is imported inside the functions: importing this module stays cheap.
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ from jfa_prof.ptxas import (LocalMemoryStats, PtxasFunctionStats, count_local_me
                             parse_ptxas_log)
 
 # Bump when the cached layout or the meaning of a field changes; old entries then miss.
-_CACHE_FORMAT = 2
+_CACHE_FORMAT = 3
 
 # Capabilities this Triton build compiles for, by the arch name ptxas is given. From sm_90 on,
 # Triton always emits the arch-specific ("a") variant - wgmma and setmaxnreg need it - so a
@@ -123,7 +124,7 @@ class CompileResult:
     def n_spills(self) -> int:
         return self.metadata.n_spills
 
-    @property
+    @functools.cached_property
     def local_memory(self) -> LocalMemoryStats:
         return count_local_memory(self.sass)
 
@@ -524,7 +525,18 @@ def _cache_key(kernel, signature, constexprs, opts, target, triton_version, ptxa
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-_FILES = {"ptx": "kernel.ptx", "sass": "kernel.sass", "ptxas_log": "ptxas.log"}
+# PTX and SASS of an attention kernel are megabytes each and compress about tenfold.
+_FILES = {"ptx": "kernel.ptx.gz", "sass": "kernel.sass.gz", "ptxas_log": "ptxas.log"}
+
+
+def _write_text(path: Path, text: str) -> None:
+    data = text.encode()
+    path.write_bytes(gzip.compress(data, compresslevel=6) if path.suffix == ".gz" else data)
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
 
 
 def _store(entry: Path, result: CompileResult) -> None:
@@ -536,7 +548,7 @@ def _store(entry: Path, result: CompileResult) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
     try:
         for attr, fname in _FILES.items():
-            (tmp / fname).write_text(getattr(result, attr))
+            _write_text(tmp / fname, getattr(result, attr))
         (tmp / "kernel.cubin").write_bytes(result.cubin)
         (tmp / "result.json").write_text(json.dumps(meta, indent=1))
         try:
@@ -552,11 +564,11 @@ def _store(entry: Path, result: CompileResult) -> None:
 def _load(entry: Path) -> CompileResult | None:
     try:
         meta = json.loads((entry / "result.json").read_text())
-        texts = {attr: (entry / fname).read_text() for attr, fname in _FILES.items()}
+        texts = {attr: _read_text(entry / fname) for attr, fname in _FILES.items()}
         cubin = (entry / "kernel.cubin").read_bytes()
         meta["metadata"] = KernelMetadata(**meta["metadata"])
         return CompileResult(**meta, **texts, cubin=cubin, functions=parse_ptxas_log(texts["ptxas_log"]),
                              cached=True)
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, EOFError, ValueError, TypeError, KeyError):
         # Missing, partial or from an older layout: treat as a miss and rebuild.
         return None

@@ -12,6 +12,7 @@ Standard library only.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -217,10 +218,14 @@ class LocalMemoryStats:
         return self.loads + self.stores
 
 
-_SASS_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
+_SASS_FUNCTION = re.compile(r"Function[ \t]*:[ \t]*(\S+)")
+# Anchored on the "/*0040*/" offset comment rather than on line starts: the regex engine then
+# jumps between literal "/*" hits instead of trying every position of a multi-megabyte text.
+# (The encoding comments, "/* 0x... */", have a space and never match.)
 _SASS_INSTR = re.compile(
-    r"^\s*/\*(?P<off>[0-9a-fA-F]{4,})\*/\s*(?P<pred>@!?U?P[T\d]+\s+)?(?P<op>[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"
-    r"(?P<rest>[^;]*);")
+    r"/\*(?P<off>[0-9a-fA-F]{4,})\*/[ \t]*(?P<pred>@!?U?P[T\d]+[ \t]+)?"
+    r"(?P<op>[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)(?P<rest>[^;\n]*);")
+_LOCAL_OPS = ("LDL", "STL")
 
 
 def count_local_memory(sass_text: str, context_lines: int = 2) -> LocalMemoryStats:
@@ -232,35 +237,39 @@ def count_local_memory(sass_text: str, context_lines: int = 2) -> LocalMemorySta
     """
     if not isinstance(sass_text, str):
         raise PtxasLogError(f"expected SASS text, got {type(sass_text).__name__}")
-    function = ""
-    # (line number, function, offset, opcode, instruction) for every instruction, to cut context from
-    instrs: list[tuple[int, str, int, str, str]] = []
-    for lineno, raw in enumerate(sass_text.splitlines(), start=1):
-        if m := _SASS_FUNCTION.match(raw):
-            function = m.group(1)
-            continue
-        if m := _SASS_INSTR.match(raw):
-            text = ((m.group("pred") or "") + m.group("op") + m.group("rest")).strip()
-            text = re.sub(r"\s+", " ", text)
-            instrs.append((lineno, function, int(m.group("off"), 16), m.group("op"), text))
+    # A kernel's SASS runs to tens of thousands of lines and `spills` reads one per variant:
+    # scan with whole-text regexes and only look closely at the few local-memory sites.
+    functions = [(m.start(), m.group(1)) for m in _SASS_FUNCTION.finditer(sass_text)]
+    instrs = list(_SASS_INSTR.finditer(sass_text))
     if not instrs:
         raise PtxasLogError("no SASS instructions found: expected cuobjdump --dump-sass output "
                             "with lines such as '/*0040*/ LDL R2, [R1+0x8] ;'")
+    starts = [pos for pos, _ in functions]
+
+    def function_at(pos: int) -> str:
+        i = bisect.bisect_right(starts, pos) - 1
+        return functions[i][1] if i >= 0 else ""
+
+    def text_of(m: re.Match) -> str:
+        return " ".join(((m.group("pred") or "") + m.group("op") + m.group("rest")).split())
 
     sites: list[LocalMemorySite] = []
     per_function: dict[str, list[int]] = {}
-    for i, (lineno, fn, off, op, text) in enumerate(instrs):
+    for i, m in enumerate(instrs):
+        op = m.group("op")
         base = op.split(".", 1)[0]
-        if base not in ("LDL", "STL"):
+        if base not in _LOCAL_OPS:
             continue
+        fn = function_at(m.start())
         counts = per_function.setdefault(fn, [0, 0])
         counts[0 if base == "LDL" else 1] += 1
         lo, hi = max(0, i - context_lines), min(len(instrs), i + context_lines + 1)
         context = tuple(
-            f"{'->' if j == i else '  '} /*{instrs[j][2]:04x}*/ {instrs[j][4]}"
-            for j in range(lo, hi) if instrs[j][1] == fn)
-        sites.append(LocalMemorySite(function=fn, offset=off, line=lineno, opcode=op,
-                                     instruction=text, context=context))
+            f"{'->' if j == i else '  '} /*{int(instrs[j].group('off'), 16):04x}*/ {text_of(instrs[j])}"
+            for j in range(lo, hi) if function_at(instrs[j].start()) == fn)
+        sites.append(LocalMemorySite(function=fn, offset=int(m.group("off"), 16),
+                                     line=sass_text.count("\n", 0, m.start()) + 1, opcode=op,
+                                     instruction=text_of(m), context=context))
     loads = sum(1 for s in sites if s.is_load)
     return LocalMemoryStats(
         loads=loads, stores=len(sites) - loads, sites=tuple(sites),

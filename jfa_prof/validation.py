@@ -15,6 +15,8 @@ import numbers
 
 import torch
 
+from jfa_prof.errors import BadInputError
+
 __all__ = ["JaggedInputError", "validate_attention_inputs"]
 
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -22,7 +24,7 @@ _HEAD_DIMS = (64, 128)
 _OFFSET_DTYPES = (torch.int32, torch.int64)
 
 
-class JaggedInputError(ValueError):
+class JaggedInputError(BadInputError, ValueError):
     """Arguments that the jagged attention op cannot accept."""
 
 

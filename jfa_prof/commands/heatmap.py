@@ -109,7 +109,7 @@ def heatmap(
         console.print(f"[bold]clc {side}[/]: {tr.schedule} — {tr.schedule_mechanism}")
         console.print(f"  source: {tr.describe_origin()}")
         if tr.kernel_ms is not None:
-            console.print(f"  kernel time (CUDA events): {tr.kernel_ms:.3f} ms")
+            console.print(f"  kernel time: {tr.kernel_ms:.3f} ms ({tr.meta.get('kernel_ms_source') or 'CUDA events'})")
     render.summary_table([(p["label"], p["imbalance"]) for p in panels], console)
     measured = {p["side"]: p["imbalance"] for p in panels if p["kind"] == "measured"}
     if len(measured) == 2:

@@ -41,11 +41,13 @@ def record(
         tr = record_workload(workload, schedule, peel=not no_peel)
     path = write_trace(out, tr.buffer, tr.meta)
     summary = {"path": str(path), "workload": workload.label, "schedule": schedule, "tiles": len(tr.tiles),
-               "dropped": tr.dropped, "kernel_ms": tr.meta["kernel_ms"], "makespan_ms": tr.makespan_ns / 1e6}
+               "dropped": tr.dropped, "kernel_ms": tr.meta["kernel_ms"],
+               "makespan_vs_kernel": tr.makespan_ns / 1e6 / tr.meta["kernel_ms"] if tr.meta["kernel_ms"] else None,
+               "makespan_ms": tr.makespan_ns / 1e6}
     if json:
         typer.echo(_json.dumps(summary))
     else:
         Console(highlight=False).print(
             f"wrote {path}: {summary['tiles']} tiles, makespan {summary['makespan_ms']:.3f} ms, "
-            f"kernel {summary['kernel_ms']:.3f} ms (CUDA events)"
+            f"kernel {summary['kernel_ms']:.3f} ms ({tr.meta.get('kernel_ms_source')})"
             + (f", [red]{tr.dropped} tile records dropped (buffer full)[/]" if tr.dropped else ""))
