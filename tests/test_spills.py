@@ -118,19 +118,22 @@ def test_render_table():
     peel = next(ln for ln in lines if ln.lstrip().startswith("fwd/bcast/peel"))
     assert peel.split()[1:] == ["168", "188", "184", "80", "224.3", "46", "47", "9.0"]
     nopeel = next(ln for ln in lines if ln.lstrip().startswith("fwd/bcast/nopeel"))
-    assert nopeel.split()[-1] == "[1]"
+    assert nopeel.split()[1:3] == ["[1]", "168"]
     clean_line = next(ln for ln in lines if ln.lstrip().startswith("fwd/clean"))
     assert clean_line.split()[1:8] == ["255", "0", "0", "0", "1.0", "0", "0"]
-    assert "failed: ptxas rejected _jfa_bwd: boom" in text
+    broken_line = next(ln for ln in lines if ln.lstrip().startswith("bwd/x"))
+    assert broken_line.split()[1:] == ["[2]"] + ["-"] * 8
     assert f"[1] ptxas: {WGMMA_NOTE}" in text
+    assert "[2] failed: ptxas rejected _jfa_bwd: boom" in text
     assert "from the compile cache" in text
 
 
-def test_render_table_without_warnings_has_no_notes_column():
+def test_render_table_lists_a_shared_warning_once():
+    twin = _res("fwd/bcast/nopeel2", registers=168, warnings=(WGMMA_NOTE,))
     console = _console()
-    render.render_table(analysis.spill_table([PEEL]), target="sm_90a", console=console)
+    render.render_table(analysis.spill_table([PEEL, NOPEEL, twin]), target="sm_90a", console=console)
     text = console.file.getvalue()
-    assert "notes" not in text and "ptxas:" not in text
+    assert text.count("ptxas:") == 1 and text.count("[1]") == 3 and "[2]" not in text
 
 
 def test_render_comparison():
@@ -188,7 +191,7 @@ def _broken_variant():
 
 
 @pytest.fixture
-def test_variants(monkeypatch, tmp_path_factory):
+def cli_variants(monkeypatch, tmp_path_factory):
     from jfa_prof.kernels import registry
 
     # Same cache as tests/test_compile.py, so the kernels are built once per session.
@@ -202,7 +205,7 @@ def _invoke(*args, env=None):
     return runner.invoke(app, ["spills", "--jobs", "1", *args], env={"COLUMNS": "200", **(env or {})})
 
 
-def test_cli_json(test_variants):
+def test_cli_json(cli_variants):
     result = _invoke("--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -218,7 +221,7 @@ def test_cli_json(test_variants):
     assert all(v["cached"] for v in again["variants"])
 
 
-def test_cli_table_and_filters(test_variants):
+def test_cli_table_and_filters(cli_variants):
     result = _invoke("--variant", "test/hog*")
     assert result.exit_code == 0, result.output
     assert "test/hog/maxnreg64" in result.stdout and "test/ws_gemm" not in result.stdout
@@ -227,7 +230,7 @@ def test_cli_table_and_filters(test_variants):
     assert [v["variant"] for v in json.loads(result.stdout)["variants"]] == ["test/ws_gemm/bf16"]
 
 
-def test_cli_compare(test_variants):
+def test_cli_compare(cli_variants):
     result = _invoke("--compare", "test/ws_gemm/*", "test/hog/maxnreg64", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -243,14 +246,14 @@ def test_cli_compare(test_variants):
     (["--compare", "test/*", "test/hog/maxnreg64"], "must match exactly one variant, matched 2"),
     (["--target", "sm_90"], "use sm_90a"),
 ])
-def test_cli_bad_input(test_variants, args, message):
+def test_cli_bad_input(cli_variants, args, message):
     result = _invoke(*args)
     assert result.exit_code == 2
     assert message in result.output
 
 
-def test_cli_reports_a_variant_that_fails(test_variants, monkeypatch):
-    test_variants.append(_broken_variant())
+def test_cli_reports_a_variant_that_fails(cli_variants, monkeypatch):
+    cli_variants.append(_broken_variant())
     result = _invoke("--variant", "test/broken", "--json")
     assert result.exit_code == 1
     (row,) = json.loads(result.stdout)["variants"]

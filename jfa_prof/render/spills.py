@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from jfa_prof.analyses.spills import METRICS, SpillComparison
+from jfa_prof.analyses.spills import SpillComparison
 
 _LABELS = {
     "registers": "regs",
@@ -49,7 +49,8 @@ def _fmt(metric: str, v: Any) -> str:
 
 def render_table(table: pd.DataFrame, *, target: str, console: Console | None = None,
                  file: TextIO | None = None, width: int | None = None) -> None:
-    """One row per variant; spilling variants highlighted, ptxas's warnings as footnotes.
+    """One row per variant, spilling ones highlighted; ptxas's warnings and compile failures as
+    numbered notes under the table, marked after the variant name.
 
     Byte columns are per thread (spills, stack) or per CTA (smem).
     """
@@ -59,22 +60,23 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
     title = f"registers and spills, {target}: {n_spill} of {len(table)} variants spill"
     if n_failed:
         title += f", {n_failed} failed to compile"
-    has_notes = n_failed > 0 or any(len(w) for w in table["warnings"])
     t = Table(title=escape(title), title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
               collapse_padding=True, pad_edge=False)
     t.add_column("variant", overflow="fold", min_width=24)
     for m in _TABLE_METRICS:
         t.add_column(_LABELS[m], justify="right", no_wrap=True)
     t.add_column("build\ns", justify="right", no_wrap=True)
-    if has_notes:
-        t.add_column("notes", overflow="fold")
 
-    notes: dict[str, int] = {}  # warning text -> footnote number
+    notes: dict[str, int] = {}  # note text -> its number; a warning shared by many variants is listed once
+
+    def marks(texts: list[str]) -> str:
+        return "".join(f" \\[{notes.setdefault(x, len(notes) + 1)}]" for x in texts)
+
     for row in table.itertuples(index=False):
         r = row._asdict()
         if not _missing(r["error"]):
-            t.add_row(escape(r["variant"]), *["-"] * len(_TABLE_METRICS), "-",
-                      f"[bold red]failed:[/] {escape(str(r['error']))}")
+            name = f"[bold red]{escape(r['variant'])}[/]{marks(['failed: ' + str(r['error'])])}"
+            t.add_row(name, *["-"] * len(_TABLE_METRICS), "-")
             continue
         cells = [_fmt(m, r[m]) for m in _TABLE_METRICS]
         spills = not _missing(r["spill_bytes"]) and r["spill_bytes"] > 0
@@ -88,19 +90,13 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
         if r["cached"]:
             secs = f"[dim]{secs}[/]"
         name = f"[yellow]{escape(r['variant'])}[/]" if spills else escape(r["variant"])
-        extra = []
-        if has_notes:
-            marks = []
-            for w in r["warnings"]:
-                notes.setdefault(w, len(notes) + 1)
-                marks.append(f"[{notes[w]}]")
-            extra = [escape(" ".join(marks))]
-        t.add_row(name, *cells, secs, *extra)
+        t.add_row(name + marks(["ptxas: " + w for w in r["warnings"]]), *cells, secs)
     out.print(t)
     if table["cached"].any():
         out.print("[dim]dim build times: from the compile cache, as measured when first built[/]")
     for text, n in notes.items():
-        out.print(f"[yellow]\\[{n}][/] ptxas: {escape(text)}")
+        style = "bold red" if text.startswith("failed") else "yellow"
+        out.print(f"[{style}]\\[{n}][/] {escape(text)}")
 
 
 def render_comparison(cmp: SpillComparison, *, console: Console | None = None, file: TextIO | None = None,

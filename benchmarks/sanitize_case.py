@@ -1,0 +1,26 @@
+"""A small forward case of every schedule (and one instrumented launch), checked against the
+reference: the target of compute-sanitizer runs.
+
+    compute-sanitizer --tool memcheck python benchmarks/sanitize_case.py
+"""
+import math
+
+import torch
+
+from jfa_prof.inputs import offsets_from_lengths
+from jfa_prof.kernels.attention import fwd_launch
+from jfa_prof.reference import reference_attention
+
+torch.manual_seed(0)
+lengths = torch.tensor([0, 1, 129, 300, 5])
+kv_off = offsets_from_lengths(lengths).cuda()
+k = torch.randn(int(lengths.sum()), 2, 128, device="cuda", dtype=torch.bfloat16)
+v = torch.randn_like(k)
+q = torch.randn(130, 2, 128, device="cuda", dtype=torch.bfloat16)
+ref, _ = reference_attention(q, k, v, None, kv_off, broadcast_q=True)
+for schedule, profile in (("static", False), ("lpt", False), ("dynamic", False), ("dynamic", True)):
+    o, _, _, _ = fwd_launch(q, k, v, None, kv_off, 130, sm_scale=1 / math.sqrt(128), window=None, causal=False,
+                            broadcast_q=True, schedule=schedule, profile=profile, n_ctas=4)
+    err = float((o.float() - ref).norm() / ref.norm())
+    print(f"{schedule} profile={profile} rel_err={err:.2e}")
+    assert err < 1e-2
