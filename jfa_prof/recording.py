@@ -29,8 +29,10 @@ def require_gpu():
 
 
 def record_workload(workload: Workload, schedule: str, *, peel: bool = True, warmup: int = 3,
-                    record_capacity: int | None = None) -> Trace:
-    """One instrumented forward launch of `workload` with `schedule`, as a Trace."""
+                    record_capacity: int | None = None, level: int = 2) -> Trace:
+    """One instrumented forward launch of `workload` with `schedule`, as a Trace.
+
+    `level` 1 records tiles and warp-role spans only (cheapest); 2 adds the barrier waits."""
     import torch
 
     from jfa_prof.kernels import fwd
@@ -45,7 +47,7 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
                          x.max_seq_len_q, block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=workload.window,
                          causal=workload.causal, schedule=schedule, n_ctas=props.multi_processor_count)
     kwargs = dict(sm_scale=1.0 / math.sqrt(workload.D), window=workload.window, causal=workload.causal,
-                  broadcast_q=workload.broadcast_q, schedule=schedule, peel=peel, profile=True,
+                  broadcast_q=workload.broadcast_q, schedule=schedule, peel=peel, profile=level,
                   record_capacity=record_capacity, work=work)
     for _ in range(warmup):
         fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **kwargs)
@@ -61,17 +63,19 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
     kernel_us = [e.time_range.elapsed_us() for e in prof.events() if "_jfa_fwd" in e.name]
     constexprs = fwd.fwd_constexprs(head_dim=workload.D, broadcast_q=workload.broadcast_q, causal=workload.causal,
                                     has_window=workload.window is not None, peel=peel, schedule=schedule,
-                                    profile=True)
+                                    profile=level)
     meta = {
         "layout": layout_meta(launch.layout),
         "gpu": {"name": props.name, "sm_count": props.multi_processor_count,
                 "sm_clock_khz": _sm_clock_khz(), "capability": f"{props.major}.{props.minor}"},
         "kernel": {"name": "_jfa_fwd", "pass": "fwd", "config": constexprs,
                    "variant": f"fwd/{'bcast' if workload.broadcast_q else 'jagged'}/{workload.dtype}/"
-                              f"d{workload.D}/{schedule}/{'peel' if peel else 'nopeel'}/prof"},
+                              f"d{workload.D}/{schedule}/{'peel' if peel else 'nopeel'}/"
+                              f"{'prof' if level == 2 else 'prof-tiles'}"},
         "workload": {**asdict(workload), "label": workload.label, "total_q": x.total_q, "total_kv": x.total_kv,
                      "flops": x.flops("fwd")},
         "schedule": schedule,
+        "profile_level": level,
         "schedule_mechanism": MECHANISMS[schedule],
         "n_work": int(launch.work.n_work.item()),
         "kernel_ms": kernel_us[0] / 1e3 if kernel_us else None,

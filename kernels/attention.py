@@ -33,13 +33,15 @@ def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
 
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
                schedule="lpt", peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
-               lse_out=None, work=None, launch_hook=None):
+               lse_out=None, work=None, launch_hook=None, ablate=0):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
-    The record buffer is allocated here when `profile` is set, sized for every work-list slot
+    `profile` is the instrumentation level (0/False off, 1 tile records and role spans, 2/True also
+    barrier waits). The record buffer is allocated here when it is on, sized for every work-list slot
     unless `record_capacity` asks for fewer (then the kernel counts what it had to drop).
     `work` reuses a work list built earlier; `launch_hook(phase)` is called with "before" and
-    "after" right around the kernel launch, so a caller can time the kernel alone."""
+    "after" right around the kernel launch, so a caller can time the kernel alone. `ablate` is a
+    bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on purpose."""
     from jfa_prof.kernels import fwd
 
     H, D = q.shape[1], q.shape[2]
@@ -76,13 +78,18 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
         layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
     constexprs = fwd.fwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
-                                    has_window=window is not None, peel=peel, schedule=schedule, profile=profile)
+                                    has_window=window is not None, peel=peel, schedule=schedule,
+                                    profile=_profile_level(profile), ablate=ablate)
     if launch_hook:
         launch_hook("before")
     fwd._jfa_fwd[(grid, )](*args, **constexprs, num_warps=fwd.NUM_WARPS, num_stages=1)
     if launch_hook:
         launch_hook("after")
     return o, lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work)
+
+
+def _profile_level(profile) -> int:
+    return 2 if profile is True else int(profile)
 
 
 @torch.library.custom_op("jfa_prof::jfa_fwd", mutates_args=())

@@ -37,6 +37,20 @@ _CONSUMER_THREADS = tl.constexpr(256)  # both consumer warpgroups meet at the tu
 _STAGE_BAR = tl.constexpr(11)  # + consumer id: one warpgroup's barrier around output staging
 _WARPGROUP_THREADS = tl.constexpr(128)
 _STORE_ROWS = tl.constexpr(8)  # output rows stored per chunk
+_PRODUCER_BAR = tl.constexpr(13)  # the producer warpgroup's own barrier (mailbox hand-off)
+_BOX_WORDS = tl.constexpr(128)  # one word per producer thread: no two threads store to one address
+
+# Ablations: each removes one piece of work so its share of the time can be measured (the
+# waterfall). Reachable only through `fwd_launch(ablate=...)`; the public op never sets them,
+# and each makes the output wrong on purpose.
+ABLATIONS = {
+    "no_o_store": (1, "skips the output and log-sum-exp stores; everything before them still runs"),
+    "no_exp": (2, "softmax without the exponentials: P = S - rowmax and no rescale; the matmuls, "
+                  "row max and row sums still run"),
+    "reuse_kv": (4, "loads K/V for a tile's first block only; later blocks reuse the resident tiles, "
+                    "so the barriers still cycle but no bytes move"),
+    "no_mask": (8, "no mask arithmetic on any block (sequence end, window, causal), peeled or not"),
+}
 
 # Barrier-wait site ids, positions in records.FWD_SITES.
 _S_Q_EMPTY = tl.constexpr(FWD_SITES.index("q_empty"))
@@ -99,13 +113,37 @@ def _next_position(pos, n_progs, queue, DYNAMIC: tl.constexpr):
 
 @triton.jit
 def _load_kv(desc, bufs, fulls, empties, cnt, row, col, n_bytes: tl.constexpr, cycles, count,
-             NUM_STAGES: tl.constexpr, PROFILE: tl.constexpr):
+             NUM_STAGES: tl.constexpr, PROFILE: tl.constexpr, SKIP_LOAD: tl.constexpr = False):
     idx = cnt % NUM_STAGES
     phase = (cnt // NUM_STAGES) & 1
     cycles, count = prof.timed_wait(empties[idx], phase ^ 1, cycles, count, PROFILE)
-    tlx.barrier_expect_bytes(fulls[idx], n_bytes)
-    tlx.async_descriptor_load(desc, bufs[idx], [row, col], fulls[idx])
+    if SKIP_LOAD:
+        tlx.barrier_arrive(fulls[idx], 1)  # ablation: hand over the stale tile, move no bytes
+    else:
+        tlx.barrier_expect_bytes(fulls[idx], n_bytes)
+        tlx.async_descriptor_load(desc, bufs[idx], [row, col], fulls[idx])
     return cycles, count
+
+
+@triton.jit
+def _post_position(box, full, empty, phase, pos, cycles, count, PROFILE: tl.constexpr):
+    """Producer side of the dynamic schedule's mailbox: hand a work-list position to a consumer."""
+    cycles, count = prof.timed_wait(empty, phase, cycles, count, PROFILE)
+    tlx.local_store(box, tl.full([_BOX_WORDS], pos, tl.int32))
+    # Every producer thread's word is in before the one elected thread signals the box full.
+    tlx.named_barrier_wait(_PRODUCER_BAR, _WARPGROUP_THREADS)
+    tlx.barrier_arrive(full, 1)
+    return cycles, count
+
+
+@triton.jit
+def _take_position(box, full, empty, phase, cid: tl.constexpr, cycles, count, PROFILE: tl.constexpr):
+    """Consumer side: read the position, and give the box back only once every thread has read it."""
+    cycles, count = prof.timed_wait(full, phase, cycles, count, PROFILE)
+    pos = tl.sum(tlx.local_load(tlx.local_slice(box, [0], [1])), 0)
+    tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
+    tlx.barrier_arrive(empty, 1)
+    return pos, cycles, count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,7 +156,7 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
                    w_k, n_k, w_turn, n_turn,
                    FIRST: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                    HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-                   PROFILE: tl.constexpr):
+                   PROFILE: tl.constexpr, NO_EXP: tl.constexpr):
     idx = cnt % NUM_STAGES
     phase = (cnt // NUM_STAGES) & 1
     w_k, n_k = prof.timed_wait(k_fulls[idx], phase, w_k, n_k, PROFILE)
@@ -158,8 +196,12 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_sub = m_new
-    p_f32 = tl.math.exp2(qk * qk_scale - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
+    if NO_EXP:
+        p_f32 = qk * qk_scale - m_sub[:, None]
+        alpha = tl.full([qk.shape[0]], 1.0, tl.float32)
+    else:
+        p_f32 = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p_f32, 1)
     # Carried to the next block's P·V in the input dtype: half the registers of fp32.
     p = p_f32.to(q_buf.dtype)
@@ -176,12 +218,12 @@ def _consume_range(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
                    blk_end, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid: tl.constexpr,
                    w_k, n_k, w_turn, n_turn, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                    HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-                   PROFILE: tl.constexpr):
+                   PROFILE: tl.constexpr, NO_EXP: tl.constexpr):
     for blk in range(blk_start, blk_end):
         p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn = _consume_block(
             q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, cnt, blk, p, acc, m_i,
             l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_k, n_k, w_turn, n_turn, False, MASKED,
-            CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+            CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
         cnt += 1
     return cnt, p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn
 
@@ -194,8 +236,12 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              PEEL: tl.constexpr, SCHEDULE: tl.constexpr, PROFILE: tl.constexpr,
-             NUM_STAGES: tl.constexpr):
+             NUM_STAGES: tl.constexpr, ABLATE: tl.constexpr = 0):
     SPLIT_M: tl.constexpr = BLOCK_M // 2
+    NO_O_STORE: tl.constexpr = (ABLATE & 1) != 0
+    NO_EXP: tl.constexpr = (ABLATE & 2) != 0
+    REUSE_KV: tl.constexpr = (ABLATE & 4) != 0
+    NO_MASK: tl.constexpr = (ABLATE & 8) != 0
     DYNAMIC: tl.constexpr = SCHEDULE == 2
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     TILE_BYTES_Q: tl.constexpr = tlx.size_of(dtype) * SPLIT_M * HEAD_DIM
@@ -218,7 +264,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
     v_empties = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=2)
     # Dynamic schedule: the producer takes list positions from the global queue and hands each to
     # both consumers through a one-slot shared-memory mailbox per consumer.
-    pos_box = tlx.local_alloc((1, ), tl.int32, 2)
+    pos_box = tlx.local_alloc((_BOX_WORDS, ), tl.int32, 2)
     pos_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     pos_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
 
@@ -246,9 +292,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
             while pos < n_work:
                 if DYNAMIC:
                     for c in tl.static_range(2):
-                        w_pe, n_pe = prof.timed_wait(pos_empties[c], (n_done & 1) ^ 1, w_pe, n_pe, PROFILE)
-                        tlx.local_store(pos_box[c], tl.full([1], pos, tl.int32))
-                        tlx.barrier_arrive(pos_fulls[c], 1)
+                        w_pe, n_pe = _post_position(pos_box[c], pos_fulls[c], pos_empties[c], (n_done & 1) ^ 1,
+                                                    pos, w_pe, n_pe, PROFILE)
                 tile = tl.load(work_list + pos)
                 b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks = _tile_geometry(
                     tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
@@ -275,9 +320,9 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                     for j in range(1, n_blocks):
                         row = kv_start + (blk_lo + j) * BLOCK_N
                         w_ke, n_ke = _load_kv(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, row, kv_col,
-                                              TILE_BYTES_KV, w_ke, n_ke, NUM_STAGES, PROFILE)
+                                              TILE_BYTES_KV, w_ke, n_ke, NUM_STAGES, PROFILE, REUSE_KV)
                         w_ve, n_ve = _load_kv(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, row, kv_col,
-                                              TILE_BYTES_KV, w_ve, n_ve, NUM_STAGES, PROFILE)
+                                              TILE_BYTES_KV, w_ve, n_ve, NUM_STAGES, PROFILE, REUSE_KV)
                         kv_cnt += 1
                     q_cnt += 1
                 n_done += 1
@@ -285,9 +330,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
             if DYNAMIC:
                 # Tell both consumers the queue is drained.
                 for c in tl.static_range(2):
-                    tlx.barrier_wait(pos_empties[c], (n_done & 1) ^ 1)
-                    tlx.local_store(pos_box[c], tl.full([1], pos, tl.int32))
-                    tlx.barrier_arrive(pos_fulls[c], 1)
+                    w_pe, n_pe = _post_position(pos_box[c], pos_fulls[c], pos_empties[c], (n_done & 1) ^ 1, pos,
+                                                w_pe, n_pe, PROFILE)
             if PROFILE:
                 prof.write_span(rec_ptr, rec_spans_off, pid, 0, _N_ROLES, sm, t_first, prof.globaltimer(),
                                 c_first, tlx.clock64(), n_done)
@@ -324,9 +368,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                 tlx.named_barrier_arrive(_TURN_0, _CONSUMER_THREADS)
             pos = pid
             if DYNAMIC:
-                w_pf, n_pf = prof.timed_wait(pos_fulls[cid], 0, w_pf, n_pf, PROFILE)
-                pos = tl.sum(tlx.local_load(pos_box[cid]), 0)
-                tlx.barrier_arrive(pos_empties[cid], 1)
+                pos, w_pf, n_pf = _take_position(pos_box[cid], pos_fulls[cid], pos_empties[cid], 0, cid, w_pf, n_pf,
+                                                 PROFILE)
             while pos < n_work:
                 if PROFILE:
                     t0 = prof.globaltimer()
@@ -354,7 +397,10 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                     if CAUSAL:
                         full_hi = tl.minimum(full_hi, r_first + Lk - Lq + 1)
                     blk_hi = blk_lo + n_blocks
-                    if PEEL:
+                    if NO_MASK:
+                        mid_lo = blk_lo + 1
+                        mid_hi = blk_hi
+                    elif PEEL:
                         mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), blk_lo + 1), blk_hi)
                         mid_hi = tl.minimum(tl.maximum(full_hi // BLOCK_N, mid_lo), blk_hi)
                         mid_hi = tl.where(r_last >= r_first, mid_hi, mid_lo)
@@ -366,21 +412,21 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                     p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_block(
                         q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, blk_lo,
                         p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
-                        n_turn, True, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+                        n_turn, True, not NO_MASK, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
                     kv_cnt += 1
                     # Masked head (window start), unmasked middle, masked tail (end, diagonal).
                     kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
                         q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, blk_lo + 1,
                         mid_lo, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
-                        n_turn, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+                        n_turn, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
                     kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
                         q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, mid_lo,
                         mid_hi, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
-                        n_turn, False, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+                        n_turn, False, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
                     kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
                         q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, mid_hi,
                         blk_hi, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
-                        n_turn, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE)
+                        n_turn, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
                     # The last block's P·V.
                     last = (kv_cnt - 1) % NUM_STAGES
                     w_vf, n_vf = prof.timed_wait(v_fulls[last], ((kv_cnt - 1) // NUM_STAGES) & 1, w_vf, n_vf,
@@ -395,7 +441,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                 lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
                 row_ok = row_ids < Lq
                 o_rows = (o_row0 + row_ids).to(tl.int64)
-                tl.store(lse_ptr + h.to(tl.int64) * total_rows + o_rows, lse, mask=row_ok)
+                if not NO_O_STORE:
+                    tl.store(lse_ptr + h.to(tl.int64) * total_rows + o_rows, lse, mask=row_ok)
                 # Stage the tile through this consumer's Q buffer (its Q is no longer needed), then
                 # store it in row chunks: the compiler needs no 32 KB scratch per consumer for the
                 # layout change (room for the second Q buffer), and a chunk's pointers fit in a few
@@ -415,7 +462,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                         chunk = tl.zeros([_STORE_ROWS, HEAD_DIM], dtype)
                     ptrs = (o_ptr + (o_row0 + rows).to(tl.int64)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM
                             + cols[None, :])
-                    tl.store(ptrs, chunk, mask=(rows < Lq)[:, None])
+                    if not NO_O_STORE:
+                        tl.store(ptrs, chunk, mask=(rows < Lq)[:, None])
                 tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
                 if n_blocks > 0:
                     tlx.barrier_arrive(q_empties[q_slot], 1)
@@ -427,9 +475,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                                         1 + cid)
                 n_done += 1
                 if DYNAMIC:
-                    w_pf, n_pf = prof.timed_wait(pos_fulls[cid], n_done & 1, w_pf, n_pf, PROFILE)
-                    pos = tl.sum(tlx.local_load(pos_box[cid]), 0)
-                    tlx.barrier_arrive(pos_empties[cid], 1)
+                    pos, w_pf, n_pf = _take_position(pos_box[cid], pos_fulls[cid], pos_empties[cid], n_done & 1, cid,
+                                                     w_pf, n_pf, PROFILE)
                 else:
                     pos += n_progs
             if PROFILE:
@@ -459,21 +506,25 @@ def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str
                  "rec_spans_off", "rec_waits_off"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "PEEL", "SCHEDULE",
-                 "PROFILE", "NUM_STAGES"):
+                 "PROFILE", "NUM_STAGES", "ABLATE"):
         sig[name] = "constexpr"
     return sig
 
 
-def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile) -> dict:
+def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate=0) -> dict:
     return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window, "PEEL": peel, "SCHEDULE": SCHEDULE_IDS[schedule],
-            "PROFILE": profile, "NUM_STAGES": NUM_KV_STAGES}
+            "PROFILE": int(profile), "NUM_STAGES": NUM_KV_STAGES, "ABLATE": ablate}
+
+
+# PROFILE levels by the name they carry in variant names.
+PROFILE_LEVELS = {"noprof": 0, "prof-tiles": 1, "prof": 2}
 
 
 @provider
 def fwd_variants() -> list[KernelVariant]:
     """The forward variants worth compiling on their own: the broadcast-Q production path across
-    dtypes, head dims, schedules, peeling and profiling, plus the jagged-Q mask modes."""
+    dtypes, head dims, schedules, peeling and profiling levels, plus the jagged-Q mask modes."""
     out = []
     modes = [("bcast", True, False, False), ("jagged", False, False, False), ("jagged-causal", False, True, False),
              ("jagged-window", False, False, True)]
@@ -482,18 +533,16 @@ def fwd_variants() -> list[KernelVariant]:
             for mode, broadcast_q, causal, has_window in modes:
                 for schedule in SCHEDULE_IDS:
                     for peel in (True, False):
-                        for profile in (False, True):
-                            if mode != "bcast" and (schedule == "static" or not peel):
-                                continue  # mask modes share the schedule/peeling code with bcast
-                            name = (f"fwd/{mode}/{dtype}/d{head_dim}/{schedule}/{'peel' if peel else 'nopeel'}/"
-                                    f"{'prof' if profile else 'noprof'}")
+                        for prof_name, level in PROFILE_LEVELS.items():
+                            if mode != "bcast" and (schedule == "static" or not peel or level == 1):
+                                continue  # mask modes share the schedule/peeling/profiling code with bcast
+                            name = f"fwd/{mode}/{dtype}/d{head_dim}/{schedule}/{'peel' if peel else 'nopeel'}/{prof_name}"
                             out.append(KernelVariant(
                                 name=name, kernel=_jfa_fwd, signature=fwd_signature(dtype, head_dim),
                                 constexprs=fwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal,
                                                           has_window=has_window, peel=peel, schedule=schedule,
-                                                          profile=profile),
+                                                          profile=level),
                                 num_warps=NUM_WARPS, num_stages=1,
                                 tags={"pass": "fwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim),
-                                      "schedule": schedule, "peel": str(peel).lower(),
-                                      "profile": str(profile).lower()}))
+                                      "schedule": schedule, "peel": str(peel).lower(), "profile": prof_name}))
     return out

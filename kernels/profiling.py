@@ -1,7 +1,9 @@
 """Device-side instrumentation helpers shared by the kernels.
 
-Everything here is called under `if PROFILE:` (a constexpr), so with PROFILE=False none of it
-reaches the compiled kernel: no clock or timer reads in the PTX. The record layout itself lives
+PROFILE is a constexpr level: 0 = off, 1 = tile records and warp-role spans, 2 = also the
+barrier-wait accumulators (a clock read on each side of every wait, so it costs more). Everything
+here runs under `if PROFILE` checks, so at level 0 none of it reaches the compiled kernel: no
+clock or timer reads in the PTX. The record layout itself lives
 in `jfa_prof.records`; these constexprs mirror its enums so kernels never hard-code an offset.
 """
 import triton
@@ -51,8 +53,8 @@ def globaltimer():
 
 @triton.jit
 def timed_wait(bar, phase, cycles, count, PROFILE: tl.constexpr):
-    """barrier_wait that, when profiling, adds the cycles spent waiting to a per-site accumulator."""
-    if PROFILE:
+    """barrier_wait that, at PROFILE level 2, adds the cycles spent waiting to a per-site accumulator."""
+    if PROFILE >= 2:
         t0 = tlx.clock64()
         tlx.barrier_wait(bar, phase)
         cycles += tlx.clock64() - t0
@@ -64,7 +66,7 @@ def timed_wait(bar, phase, cycles, count, PROFILE: tl.constexpr):
 
 @triton.jit
 def timed_named_wait(bar_id: tl.constexpr, n_threads: tl.constexpr, cycles, count, PROFILE: tl.constexpr):
-    if PROFILE:
+    if PROFILE >= 2:
         t0 = tlx.clock64()
         tlx.named_barrier_wait(bar_id, n_threads)
         cycles += tlx.clock64() - t0

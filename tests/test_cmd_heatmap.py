@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,3 +176,18 @@ def test_barriers_without_any_trace(tmp_path, monkeypatch):
     monkeypatch.setattr(trace_mod, "bundled_dir", lambda: tmp_path)
     result = runner.invoke(app, ["barriers"])
     assert result.exit_code == 2 and "--trace" in result.output
+
+
+def test_barriers_refuses_a_trace_without_waits(tmp_path):
+    """A level-1 recording has no barrier-wait data: say so instead of showing zeros."""
+    from typer.testing import CliRunner
+
+    from jfa_prof.cli import app
+    from jfa_prof.trace import read_trace, write_trace
+
+    src = read_trace(sorted((Path(__file__).parent / "data" / "traces").glob("*.jfatrace"))[0])
+    meta = dict(src.meta, profile_level=1)
+    path = write_trace(tmp_path / "tiles_only.jfatrace", src.buffer, meta)
+    result = CliRunner().invoke(app, ["barriers", "--trace", str(path)])
+    assert result.exit_code == 2
+    assert "level 1" in result.output

@@ -33,7 +33,7 @@ def _case(device, lengths, H, H_kv, D, *, Lq=None, dtype="bf16", q_lengths=None)
 
 
 def _run(q, k, v, q_off, kv_off, *, window=None, causal=False, schedule="lpt", peel=True, profile=False,
-         record_capacity=None):
+         record_capacity=None, ablate=0):
     import torch
 
     from jfa_prof.kernels.attention import fwd_launch
@@ -47,7 +47,7 @@ def _run(q, k, v, q_off, kv_off, *, window=None, causal=False, schedule="lpt", p
     o, lse, rec, launch = fwd_launch(q, k, v, q_off, kv_off, max_q, sm_scale=1 / math.sqrt(q.shape[2]),
                                      window=window, causal=causal, broadcast_q=broadcast, schedule=schedule,
                                      peel=peel, profile=profile, record_capacity=record_capacity, out=out,
-                                     lse_out=lse)
+                                     lse_out=lse, ablate=ablate)
     torch.cuda.synchronize()
     return o, lse, rec, launch
 
@@ -122,15 +122,16 @@ def test_batch_of_one_and_large_batch(cuda_device):
         _check(q, k, v, q_off, kv_off, o, lse)
 
 
+@pytest.mark.parametrize("level", [1, 2])
 @pytest.mark.parametrize("schedule", ["static", "lpt", "dynamic"])
-def test_profile_is_bitwise_free_and_records_every_tile(cuda_device, schedule):
+def test_profile_is_bitwise_free_and_records_every_tile(cuda_device, schedule, level):
     import torch
 
     from jfa_prof.records import Header, Span, Tile
 
     q, k, v, q_off, kv_off = _case(cuda_device, LENGTHS * 30, H=4, H_kv=4, D=128, Lq=256)
     o0, lse0, _, _ = _run(q, k, v, q_off, kv_off, schedule=schedule)
-    o1, lse1, rec, launch = _run(q, k, v, q_off, kv_off, schedule=schedule, profile=True)
+    o1, lse1, rec, launch = _run(q, k, v, q_off, kv_off, schedule=schedule, profile=level)
     assert torch.equal(o0, o1) and torch.equal(lse0, lse1)
     parts = launch.layout.split(rec.cpu().numpy())
     n_work = int(launch.work.n_work.item())
@@ -142,7 +143,24 @@ def test_profile_is_bitwise_free_and_records_every_tile(cuda_device, schedule):
     assert sorted(tiles[:n_work, Tile.TILE].tolist()) == sorted(launch.work.tiles[:n_work].tolist())
     assert np.all(parts["spans"][..., Span.VALID] == 1)
     # A buffer too small for every tile drops the rest and says how many.
-    _, _, rec, launch = _run(q, k, v, q_off, kv_off, schedule=schedule, profile=True, record_capacity=100)
+    _, _, rec, launch = _run(q, k, v, q_off, kv_off, schedule=schedule, profile=level, record_capacity=100)
     parts = launch.layout.split(rec.cpu().numpy())
     assert parts["header"][Header.DROPPED] == n_work - 100
     assert parts["tiles"][:, Tile.VALID].sum() == 100
+
+
+@pytest.mark.parametrize("schedule", ["lpt", "dynamic"])
+def test_ablations_run_and_remove_what_they_say(cuda_device, schedule):
+    import torch
+
+    from jfa_prof.kernels.fwd import ABLATIONS
+
+    q, k, v, q_off, kv_off = _case(cuda_device, LENGTHS, H=2, H_kv=2, D=128, Lq=200)
+    for name, (bit, _) in ABLATIONS.items():
+        o, lse, _, _ = _run(q, k, v, q_off, kv_off, schedule=schedule, ablate=bit)
+        if name == "no_o_store":
+            assert torch.isnan(o).all() and torch.isnan(lse).all(), "the poisoned outputs must stay untouched"
+        else:
+            assert not torch.isnan(o[:, :, :]).all(), f"{name}: the kernel must still write its output"
+    # All together, as the cumulative waterfall runs them.
+    _run(q, k, v, q_off, kv_off, schedule=schedule, ablate=sum(b for b, _ in ABLATIONS.values()))

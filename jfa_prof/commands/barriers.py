@@ -24,6 +24,11 @@ def barriers(
     from jfa_prof.trace import open_trace
 
     tr = open_trace(trace)
+    if tr.meta.get("profile_level") == 1:
+        from jfa_prof.errors import BadInputError
+
+        raise BadInputError(f"{tr.describe_origin()} was recorded at level 1: tile records only, no barrier waits",
+                            hint="re-record with `jfa-prof record --level 2`")
     for w in tr.warnings:
         Console(stderr=True, soft_wrap=True).print(f"[bold red]warning:[/] {w}")
     kernel_cycles = tr.makespan_ns * tr.clock_khz / 1e6 if tr.clock_khz else None

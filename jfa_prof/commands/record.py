@@ -16,6 +16,8 @@ def record(
     sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Mean length / max (SPEC §6 density)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sequence lengths."),
     no_peel: bool = typer.Option(False, "--no-peel", help="Mask every KV block (no peeled mask tail)."),
+    level: int = typer.Option(2, "--level", min=1, max=2,
+                              help="1: tile records and warp-role spans; 2: also barrier waits (costs more)."),
     json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
 ) -> None:
     """Run the forward kernel with PROFILE=True on the GPU and write its tile records, warp-role
@@ -38,7 +40,7 @@ def record(
         raise BadInputError(str(e)) from None
     console = Console(stderr=True, highlight=False)
     with console.status(f"recording {workload.label} ({schedule}) on the GPU…"):
-        tr = record_workload(workload, schedule, peel=not no_peel)
+        tr = record_workload(workload, schedule, peel=not no_peel, level=level)
     path = write_trace(out, tr.buffer, tr.meta)
     summary = {"path": str(path), "workload": workload.label, "schedule": schedule, "tiles": len(tr.tiles),
                "dropped": tr.dropped, "kernel_ms": tr.meta["kernel_ms"],
