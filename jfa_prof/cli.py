@@ -82,15 +82,21 @@ def _main(
 # start-up time; keep it that way (tests/test_cli.py checks that torch and triton stay unloaded).
 from jfa_prof.commands.heatmap import heatmap as heatmap_cmd  # noqa: E402
 from jfa_prof.commands.spills import spills as spills_cmd  # noqa: E402
+from jfa_prof.commands.waterfall import waterfall as waterfall_cmd  # noqa: E402
+from jfa_prof.commands.ncu import ncu as ncu_cmd  # noqa: E402
 from jfa_prof.commands.timeline import timeline as timeline_cmd  # noqa: E402
 from jfa_prof.commands.barriers import barriers as barriers_cmd  # noqa: E402
+from jfa_prof.commands.bench import bench as bench_cmd  # noqa: E402
 from jfa_prof.commands.doctor import doctor as doctor_cmd  # noqa: E402
 from jfa_prof.commands.record import record as record_cmd  # noqa: E402
 
 app.command("heatmap")(heatmap_cmd)
 app.command("spills")(spills_cmd)
+app.command("waterfall")(waterfall_cmd)
+app.command("ncu")(ncu_cmd)
 app.command("timeline")(timeline_cmd)
 app.command("barriers")(barriers_cmd)
+app.command("bench")(bench_cmd)
 app.command("record")(record_cmd)
 app.command("doctor")(doctor_cmd)
 # ---- end of command registration ------------------------------------------------------------
