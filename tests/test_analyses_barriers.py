@@ -90,6 +90,10 @@ def test_generated_run_totals():
 @pytest.mark.parametrize("path", tracegen.recorded_traces(), ids=tracegen.recorded_id)
 def test_recorded_trace_barriers(path):
     tr = read_trace(path)
+    if tr.meta.get("profile_level") == 1:
+        # Recorded with tile records only: the kernel never touched the wait accumulators.
+        assert (tr.waits["cycles"] == 0).all() and (tr.waits["count"] == 0).all()
+        return
     attr = barrier_attribution(tr.waits, tr.spans)
     assert len(attr.table) > 0
     assert set(attr.table["site"]) <= set(tr.sites) and set(attr.table["role"]) <= set(tr.roles)
