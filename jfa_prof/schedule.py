@@ -75,11 +75,20 @@ def zigzag(order: torch.Tensor, n_valid: torch.Tensor, n_ctas: int) -> torch.Ten
 
 def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: int | None, H: int,
                   max_seq_len_q: int, *, block_m: int, block_n: int, window: int | None, causal: bool,
-                  schedule: str, n_ctas: int) -> WorkList:
+                  schedule: str, n_ctas: int, reference: bool = False) -> WorkList:
+    """The work list for one launch. Offsets on a GPU go through the fused kernels in
+    `jfa_prof.kernels.plan` unless `reference` asks for the tensor-op version below."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     rows = Lq if q_offsets is None else max_seq_len_q
     n_m_blocks = max(1, -(-rows // block_m))
+    if kv_offsets.is_cuda and not reference:
+        from jfa_prof.kernels.plan import fwd_work_list_gpu
+
+        tiles, n_work, costs = fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m=block_m,
+                                                 block_n=block_n, window=window, causal=causal, schedule=schedule,
+                                                 n_ctas=n_ctas)
+        return WorkList(tiles=tiles, n_work=n_work, costs=costs, n_m_blocks=n_m_blocks)
     cost, has_rows = fwd_tile_costs(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m, block_n, window, causal)
     n_work = has_rows.sum().to(torch.int32).reshape(1)
     if schedule == "static":

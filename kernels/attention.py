@@ -73,7 +73,7 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     q_off = kv_offsets if q_offsets is None else q_offsets
     args = (
         _descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, fwd.BLOCK_N, D), _descriptor(v, fwd.BLOCK_N, D),
-        o, lse, q_off, kv_offsets, work.tiles, work.n_work, queue, rec,
+        _descriptor(o, fwd.BLOCK_M // 2, D), o, lse, q_off, kv_offsets, work.tiles, work.n_work, queue, rec,
         sm_scale, H, H // H_kv, work.n_m_blocks, Lq or 0, window if window is not None else 0, total_rows,
         layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
         layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)

@@ -229,7 +229,7 @@ def _consume_range(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
 
 
 @triton.jit
-def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
+def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offsets,
              work_list, n_work_ptr, queue_ptr, rec_ptr,
              sm_scale, H, GROUP, n_m_blocks, Lq_bcast, window, total_rows,
              rec_tiles_off, rec_tile_cap, rec_spans_off, rec_waits_off,
@@ -443,27 +443,34 @@ def _jfa_fwd(desc_q, desc_k, desc_v, o_ptr, lse_ptr, q_offsets, kv_offsets,
                 o_rows = (o_row0 + row_ids).to(tl.int64)
                 if not NO_O_STORE:
                     tl.store(lse_ptr + h.to(tl.int64) * total_rows + o_rows, lse, mask=row_ok)
-                # Stage the tile through this consumer's Q buffer (its Q is no longer needed), then
-                # store it in row chunks: the compiler needs no 32 KB scratch per consumer for the
-                # layout change (room for the second Q buffer), and a chunk's pointers fit in a few
-                # registers where the whole tile's spilled.
-                # A tile without keys loaded no Q, and its Q buffer may be filling for the next
-                # tile: it writes zeros straight from registers instead.
+                # Stage the tile through this consumer's Q buffer (its Q is no longer needed): the
+                # compiler then needs no 32 KB scratch per consumer for the layout change, which
+                # leaves room for the second Q buffer. A half tile whose 64 rows all belong to the
+                # sequence goes out with one TMA store; a ragged one in row chunks, masked, whose
+                # pointers fit in a few registers. A tile without keys loaded no Q, and its Q
+                # buffer may be filling for the next tile: it writes zeros from registers.
+                whole = (r0 + SPLIT_M <= Lq) & (n_blocks > 0)
                 if n_blocks > 0:
                     tlx.local_store(q_buf, out)
+                    tlx.fence("async_shared")
                 tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
                 cols = tl.arange(0, HEAD_DIM)
-                for c in tl.static_range(SPLIT_M // _STORE_ROWS):
-                    rows = r0 + c * _STORE_ROWS + tl.arange(0, _STORE_ROWS)
-                    if n_blocks > 0:
-                        chunk = tlx.local_load(tlx.local_slice(q_buf, [c * _STORE_ROWS, 0],
-                                                               [_STORE_ROWS, HEAD_DIM]))
-                    else:
-                        chunk = tl.zeros([_STORE_ROWS, HEAD_DIM], dtype)
-                    ptrs = (o_ptr + (o_row0 + rows).to(tl.int64)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM
-                            + cols[None, :])
+                if whole:
                     if not NO_O_STORE:
-                        tl.store(ptrs, chunk, mask=(rows < Lq)[:, None])
+                        tlx.async_descriptor_store(desc_o, q_buf, [o_row0 + r0, h * HEAD_DIM])
+                        tlx.async_descriptor_store_wait(0)
+                else:
+                    for c in tl.static_range(SPLIT_M // _STORE_ROWS):
+                        rows = r0 + c * _STORE_ROWS + tl.arange(0, _STORE_ROWS)
+                        if n_blocks > 0:
+                            chunk = tlx.local_load(tlx.local_slice(q_buf, [c * _STORE_ROWS, 0],
+                                                                   [_STORE_ROWS, HEAD_DIM]))
+                        else:
+                            chunk = tl.zeros([_STORE_ROWS, HEAD_DIM], dtype)
+                        ptrs = (o_ptr + (o_row0 + rows).to(tl.int64)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM
+                                + cols[None, :])
+                        if not NO_O_STORE:
+                            tl.store(ptrs, chunk, mask=(rows < Lq)[:, None])
                 tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
                 if n_blocks > 0:
                     tlx.barrier_arrive(q_empties[q_slot], 1)
@@ -499,7 +506,7 @@ _DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str, str]:
     q_block = f"tensordesc<{dtype}[{BLOCK_M // 2},{head_dim}]>"
     kv_block = f"tensordesc<{dtype}[{block_n},{head_dim}]>"
-    sig = {"desc_q": q_block, "desc_k": kv_block, "desc_v": kv_block, "o_ptr": f"*{dtype}", "lse_ptr": "*fp32",
+    sig = {"desc_q": q_block, "desc_k": kv_block, "desc_v": kv_block, "desc_o": q_block, "o_ptr": f"*{dtype}", "lse_ptr": "*fp32",
            "q_offsets": "*i32", "kv_offsets": "*i32", "work_list": "*i32", "n_work_ptr": "*i32",
            "queue_ptr": "*i32", "rec_ptr": "*i64", "sm_scale": "fp32"}
     for name in ("H", "GROUP", "n_m_blocks", "Lq_bcast", "window", "total_rows", "rec_tiles_off", "rec_tile_cap",
