@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
-#   bash benchmarks/gpu.sh tests sanitize record overhead bench ncu
+#   bash benchmarks/gpu.sh tests sanitize record overhead bench flex waterfall ncu
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -25,9 +25,22 @@ overhead() {  # instrumentation and host-launch overhead
   python benchmarks/profile_overhead.py --out "$OUT/profile_overhead.json" 2>&1 | tail -5
   python benchmarks/launch_overhead.py --out "$OUT/launch_overhead.json" 2>&1 | tail -6
 }
-bench() {  # forward over the HSP grid beside the peers (FA4 when importable)
-  local fa4=""; python -c "import flash_attn.cute" 2>/dev/null && fa4="--fa4"
-  python benchmarks/fwd_bench.py --grid hsp --rep-ms 100 $fa4 --out "$OUT/fwd_hsp.json" 2>&1 | grep -v Warning | tail -20
+bench() {  # forward over the HSP, jagged and dense grids beside the peers (FA4 when importable)
+  for grid in hsp jagged dense; do
+    python -m jfa_prof bench --pass fwd --grid $grid --peers fa4,varlen,sdpa --no-detail \
+      --out "$OUT/bench_fwd_$grid.json" --html "$OUT/bench_fwd_$grid.html" 2>&1 | grep -v Warning | tail -25
+  done
+}
+flex() {  # FlexAttention compiles per point (tens of seconds), so two HSP points only
+  python -m jfa_prof bench --pass fwd --grid hsp --peers flex --label "hsp Lq=128 max=1024 s=0.5" \
+    --label "hsp Lq=256 max=2048 s=0.5" --out "$OUT/bench_fwd_hsp_flex.json" 2>&1 | grep -v Warning | tail -8
+}
+waterfall() {  # what each piece of the forward costs, on three HSP points
+  for pt in "256 2048 0.5" "256 2048 0.1" "128 1024 0.9"; do
+    set -- $pt
+    python -m jfa_prof waterfall --pass fwd --lq "$1" --max-kv "$2" --sparsity "$3" --cumulative \
+      --save "$OUT/waterfall_hsp_lq$1_kv$2_s$3.json" 2>&1 | grep -v Warning | tail -14
+  done
 }
 ncu() {  # hardware counters of the forward, LPT vs dynamic
   for s in lpt dynamic; do

@@ -1,0 +1,132 @@
+"""``jfa-prof bench``: the kernel against FlashAttention-4 and PyTorch's attention, on the
+SPEC §6 grids, in TFLOPS by the SPEC §2 FLOP convention.
+
+Live on a GPU, or, with ``--results FILE``, from a result file recorded elsewhere (then every
+table and chart says where and when it was recorded).
+"""
+from __future__ import annotations
+
+import json as _json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+DEFAULT_PEERS = "fa4,varlen,sdpa,flex"
+
+
+def bench(
+    pass_: str = typer.Option("fwd", "--pass", help="fwd (bwd once the backward kernel is in)."),
+    grid: Optional[str] = typer.Option(None, "--grid", help="SPEC §6 grid: hsp, jagged, dense. Live default: hsp; "
+                                                            "with --results: every grid in the file."),
+    label: Optional[list[str]] = typer.Option(None, "--label", help="Only this workload, e.g. 'hsp Lq=256 max=2048 "
+                                                                    "s=0.5'; repeat for more."),
+    peers: str = typer.Option(DEFAULT_PEERS, "--peers", help="Comma-separated peers to time when installed: "
+                                                             "fa4, varlen, sdpa, flex; '' for none."),
+    schedule: str = typer.Option("lpt", "--schedule", help="Schedules of this kernel to time, comma-separated."),
+    rep_ms: int = typer.Option(100, "--rep-ms", min=1, help="Milliseconds of repeats per timing (median taken)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the results (JSON, SPEC §6 records) here."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write TFLOPS-vs-sparsity charts (HTML) here."),
+    json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
+    detail: Optional[bool] = typer.Option(None, "--detail/--no-detail",
+                                          help="Every implementation's ms, ratios, memory and error per point. "
+                                               "Default: only for up to 4 points."),
+    results: Optional[Path] = typer.Option(None, "--results", help="Render a recorded result file instead of "
+                                                                   "measuring; no GPU needed."),
+) -> None:
+    """Time this kernel and its peers over a benchmark grid: median ms, TFLOPS, ratios, memory.
+
+    Outputs are checked against the fp32 reference on the first point before any timing.
+    A peer that fails is reported, not fatal.
+    """
+    from rich.console import Console
+
+    from jfa_prof.bench import load_results
+    from jfa_prof.errors import BadInputError
+    from jfa_prof.render import bench as render
+    from jfa_prof.render.heatmap import write_html
+
+    if results is not None:
+        res = load_results(results).filter(grid=grid, labels=label, pass_=pass_)
+        if not res.records:
+            raise BadInputError(f"{results} holds no {pass_} results"
+                                + (f" for grid {grid}" if grid else "") + (" with those labels" if label else ""))
+        origin, provenance = "recorded", res.provenance()
+    else:
+        res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out)
+        origin, provenance = "live", f"measured on {res.gpu} on {res.date}"
+
+    frame = res.frame()
+    grids = "/".join(dict.fromkeys(str(g) for g in frame["grid"]))
+    if html is not None:
+        fig = render.tflops_figure(frame, title=f"{pass_} TFLOPS by sparsity · {grids} grid",
+                                   subtitle=f"{provenance} · {res.meta.get('timer', 'median')} · "
+                                            "FLOPs by the FA4 convention (4·H·D·Σ Lq·Lk)")
+        write_html(fig, html)
+    if json:
+        typer.echo(_json.dumps({"origin": origin, "provenance": provenance,
+                                "file": str(res.path) if res.path else None,
+                                "html": str(html) if html else None, **res.to_dict()}, indent=1))
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    if detail if detail is not None else frame["label"].nunique() <= 4:
+        render.bench_table(frame, console, title=f"{pass_} · {grids} · {provenance}")
+    render.summary_table(frame, console, ours=res.baseline, title=f"{pass_} TFLOPS · {grids} · {provenance}")
+    unavailable = {k: p for k, p in res.peers.items() if not p.get("available", True)}
+    for k, p in unavailable.items():
+        console.print(f"[yellow]peer {k} not run:[/] {p.get('reason')}")
+    if out is not None and results is None:
+        console.print(f"wrote {out}")
+    if html is not None:
+        console.print(f"wrote {html}")
+
+
+def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: int, out: Optional[Path]):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from jfa_prof import bench as lib
+    from jfa_prof import timing
+    from jfa_prof.errors import BadInputError
+    from jfa_prof.schedule import SCHEDULES
+
+    if pass_ != "fwd":
+        raise BadInputError(f"no {pass_} bench yet: it comes with the {pass_} kernel", hint="use --pass fwd")
+    schedules = [s.strip() for s in schedule.split(",") if s.strip()]
+    bad = [s for s in schedules if s not in SCHEDULES]
+    if bad or not schedules:
+        raise BadInputError(f"unknown schedule(s): {', '.join(bad) or '(none given)'}",
+                            hint=f"one or more of {', '.join(SCHEDULES)}")
+    keys = [k.strip() for k in peers.split(",") if k.strip()]
+    workloads = lib.select_workloads(grid, labels)
+    status = lib.peer_status(keys)  # unknown peer names fail here, before any GPU work
+    timing.require_gpu("jfa-prof bench", hint="pass --results FILE to render a recorded run")
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    usable = [k for k, s in status.items() if s.available]
+    for k, s in status.items():
+        if not s.available:
+            err.print(f"[yellow]peer {k} left out:[/] {s.reason}")
+
+    names = lib.impl_names(usable, schedules)
+    progress = Progress(TextColumn("{task.fields[point]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+    with progress:
+        task = progress.add_task("", total=len(workloads) * len(names), point="")
+        started = []
+
+        def on_impl(point_label: str, name: str) -> None:
+            if started:
+                progress.advance(task)
+            started.append(name)
+            progress.update(task, description=name, point=point_label)
+
+        records = lib.run_bench(workloads, pass_=pass_, peers=usable, schedules=schedules, rep_ms=rep_ms,
+                                on_impl=on_impl)
+        progress.advance(task)
+    fa4 = status.get("fa4")
+    meta = timing.measurement_meta(flash_attn_4=fa4.version if fa4 and fa4.available else None)
+    doc = lib.results_document(records, meta, status)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(_json.dumps(doc, indent=1))
+    return lib.BenchResults(meta=meta, records=doc["results"], peers=doc["peers"], path=out)

@@ -1,0 +1,127 @@
+"""``jfa-prof waterfall``: where the kernel's time goes, by switching its components off.
+
+Each ablation (``jfa_prof.kernels.fwd.ABLATIONS``) removes one piece of work: the output
+stores, the exponentials, the K/V reloads, the mask arithmetic. The kernel is timed with none,
+with each alone and, with ``--cumulative``, with each added on top of the ones before; the
+baseline is timed twice for the noise. On a machine without a GPU, ``--results FILE`` renders
+a waterfall recorded elsewhere (``--save FILE`` writes one).
+"""
+from __future__ import annotations
+
+import json as _json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def waterfall(
+    pass_: str = typer.Option("fwd", "--pass", help="Which kernel: fwd (bwd once the backward kernel has ablations)."),
+    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid: hsp, jagged, dense."),
+    lq: Optional[int] = typer.Option(None, "--lq", help="Queries per sequence (hsp grid)."),
+    max_kv: Optional[int] = typer.Option(None, "--max-kv", help="Longest KV sequence."),
+    sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Mean length / max (SPEC §6 density)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sequence lengths."),
+    schedule: str = typer.Option("lpt", "--schedule", help="static, lpt or dynamic."),
+    ablate: Optional[str] = typer.Option(
+        None, "--ablate", help="Comma-separated ablations, in the order --cumulative applies them. Default: all, "
+                               "in the kernel's order."),
+    cumulative: bool = typer.Option(
+        False, "--cumulative", help="Also time each ablation on top of the ones before it: the bars then add up "
+                                    "exactly to the baseline."),
+    rep_ms: int = typer.Option(100, "--rep-ms", min=1, help="Milliseconds of repeats per timing (median taken)."),
+    out: Path = typer.Option(Path("waterfall.html"), "--out", help="Where to write the chart (HTML)."),
+    save: Optional[Path] = typer.Option(None, "--save", help="Also write the measured timings (JSON), for --results."),
+    json: bool = typer.Option(False, "--json", help="Print the record and its decomposition as JSON."),
+    results: Optional[Path] = typer.Option(
+        None, "--results", help="Render a recorded waterfall (from --save or --json) instead of measuring; "
+                                "no GPU needed."),
+) -> None:
+    """Waterfall of the kernel's time by component, from ablations timed on the GPU.
+
+    Bars step down from the baseline by each component's saving (baseline − ablated time).
+    Savings within the noise (the gap between two baseline timings) are marked.
+    """
+    from rich.console import Console
+
+    from jfa_prof.ablations import load_waterfall
+    from jfa_prof.analyses.waterfall import waterfall as decompose
+    from jfa_prof.render import waterfall as render
+    from jfa_prof.render.heatmap import write_html
+
+    if results is not None:
+        rec = load_waterfall(results)
+        origin = "recorded"
+        provenance = f"recorded on {rec.meta.get('gpu', 'an unknown GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
+    else:
+        rec = _measure(pass_, grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed, schedule=schedule,
+                       ablate=ablate, cumulative=cumulative, rep_ms=rep_ms)
+        origin = "live"
+        provenance = f"measured on {rec.meta.get('gpu', 'this GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
+        if save is not None:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            save.write_text(_json.dumps(rec.to_dict(), indent=1))
+
+    wf = decompose(rec.timings)
+    label = rec.label or "?"
+    tflops = rec.baseline_tflops
+    title = f"{wf.pass_} kernel time by component · {label} · {rec.schedule}"
+    subtitle = provenance + (f" · baseline {tflops:.0f} TFLOPS" if tflops else "")
+    write_html(render.waterfall_figure(wf, title=title, subtitle=subtitle), out)
+
+    if json:
+        typer.echo(_json.dumps({**rec.to_dict(), "origin": origin, "provenance": provenance,
+                                "waterfall": wf.to_dict(), "html": str(out)}, indent=2))
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"[bold]{wf.pass_}[/] · {label} · schedule {rec.schedule} · {provenance}"
+                  + (f" · baseline {tflops:.0f} TFLOPS" if tflops else ""))
+    render.waterfall_table(wf, console)
+    if save is not None and results is None:
+        console.print(f"saved timings to {save}")
+    console.print(f"wrote {out}")
+
+
+def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, ablate, cumulative, rep_ms):
+    """Time the ablations live; a WaterfallRecord."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from jfa_prof import ablations, timing
+    from jfa_prof.errors import BadInputError
+    from jfa_prof.inputs import select_workload
+    from jfa_prof.schedule import SCHEDULES
+
+    if pass_ not in ablations.PASSES:
+        raise BadInputError(f"unknown pass {pass_!r}", hint=f"one of {', '.join(ablations.PASSES)}")
+    if schedule not in SCHEDULES:
+        raise BadInputError(f"unknown schedule {schedule!r}", hint=f"one of {', '.join(SCHEDULES)}")
+    try:
+        workload = select_workload(grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+    except ValueError as e:
+        raise BadInputError(str(e)) from None
+    device = timing.require_gpu("jfa-prof waterfall", hint="pass --results FILE to render a recorded waterfall")
+    names = [n.strip() for n in ablate.split(",") if n.strip()] if ablate else None
+    plan = ablations.ablation_plan(pass_, names)
+    x = workload.make(device)
+    launcher = ablations.make_launcher(x, pass_, schedule)
+
+    # On stderr, so that --json output stays parseable; gone once done, the table is what stays.
+    progress = Progress(TextColumn(f"timing {workload.label}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TextColumn("{task.description}"),
+                        console=Console(stderr=True), transient=True)
+    with progress:
+        task = progress.add_task("", total=ablations.n_steps(plan, cumulative))
+        started = []
+
+        def step(desc: str) -> None:
+            if started:
+                progress.advance(task)
+            started.append(desc)
+            progress.update(task, description=desc)
+
+        timings = ablations.measure_waterfall(launcher, plan, pass_=pass_, cumulative=cumulative, rep_ms=rep_ms,
+                                              on_step=step)
+        progress.advance(task)
+    return ablations.WaterfallRecord(timings=timings, workload=ablations.workload_dict(x), schedule=schedule,
+                                     meta=timing.measurement_meta(), flops=x.flops(pass_))

@@ -1,0 +1,164 @@
+"""Benchmark results as charts and tables, from :meth:`jfa_prof.bench.BenchResults.frame`.
+
+The chart is the one a blog post shows: TFLOPS against sparsity, one line per implementation,
+one panel per (Lq, max_kv); this project's implementations solid, peers dashed, the same colour
+for an implementation in every panel.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+__all__ = ["bench_table", "facets", "impl_order", "summary_table", "tflops_figure"]
+
+_PALETTE = qualitative.D3 + qualitative.Set2
+
+
+def impl_order(frame: pd.DataFrame, impls: Sequence[str] | None = None) -> list[str]:
+    """Implementations to show: ``impls`` if given, else ours then the peers, as they appear."""
+    if impls:
+        return list(impls)
+    seen = list(dict.fromkeys(frame["impl"]))
+    return sorted(seen, key=lambda n: (frame.loc[frame["impl"] == n, "kind"].iloc[0] != "jfa", seen.index(n)))
+
+
+def facets(frame: pd.DataFrame) -> tuple[list[int], list[int]]:
+    """(row keys, column keys) of the panels: Lq down, max_kv across. Self-attention grids,
+    where Lq is max_kv, get one row."""
+    if frame.empty:
+        return [], []
+    cols = sorted(int(v) for v in frame["max_kv"].unique())
+    broadcast = bool(frame["broadcast_q"].fillna(True).astype(bool).any())
+    rows = sorted(int(v) for v in frame["Lq"].unique()) if broadcast else [0]
+    return rows, cols
+
+
+def _panel_title(lq: int, max_kv: int) -> str:
+    return f"Lq={lq} · max_kv={max_kv}" if lq else f"max={max_kv}"
+
+
+def tflops_figure(frame: pd.DataFrame, *, impls: Sequence[str] | None = None, title: str | None = None,
+                  subtitle: str | None = None) -> go.Figure:
+    """TFLOPS vs sparsity, a panel per (Lq, max_kv), a line per implementation. Points that
+    failed or were not timed are left out (the table shows why)."""
+    if frame.empty:
+        raise ValueError("no results to draw")
+    names = impl_order(frame, impls)
+    rows, cols = facets(frame)
+    fig = make_subplots(rows=len(rows), cols=len(cols), shared_xaxes=True, shared_yaxes=True,
+                        subplot_titles=[_panel_title(r, c) for r in rows for c in cols],
+                        horizontal_spacing=0.04, vertical_spacing=0.1)
+    ok = frame[frame["tflops"].notna()]
+    colors = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(names)}
+    for ri, lq in enumerate(rows):
+        for ci, mkv in enumerate(cols):
+            panel = ok[(ok["max_kv"] == mkv) & ((ok["Lq"] == lq) if lq else True)]
+            for name in names:
+                d = panel[panel["impl"] == name].sort_values("sparsity")
+                if d.empty:
+                    continue
+                ours = d["kind"].iloc[0] == "jfa"
+                fig.add_trace(go.Scatter(
+                    x=d["sparsity"].tolist(), y=d["tflops"].tolist(), mode="lines+markers", name=name,
+                    legendgroup=name, showlegend=name not in _shown(fig),
+                    line={"color": colors[name], "width": 3 if ours else 2, "dash": "solid" if ours else "dash"},
+                    marker={"size": 7 if ours else 5},
+                    customdata=d[["ms", "ratio_vs_fa4"]].to_numpy().tolist(),
+                    hovertemplate=(f"{escape_html(name)}<br>s=%{{x}}<br>%{{y:.0f}} TFLOPS<br>%{{customdata[0]:.4f}} ms"
+                                   "<br>vs FA4 ×%{customdata[1]:.2f}<extra></extra>"),
+                ), row=ri + 1, col=ci + 1)
+            fig.update_xaxes(title_text="sparsity (mean length / max)" if ri == len(rows) - 1 else None,
+                             row=ri + 1, col=ci + 1)
+        fig.update_yaxes(title_text="TFLOPS", row=ri + 1, col=1, rangemode="tozero")
+    head = title or "attention TFLOPS by sparsity"
+    fig.update_layout(
+        title={"text": head + (f"<br><sup>{subtitle}</sup>" if subtitle else "")},
+        height=max(420, 330 * len(rows) + 120), width=max(720, 380 * len(cols)),
+        legend={"title": {"text": "implementation"}}, hovermode="closest",
+        margin={"l": 60, "r": 30, "t": 100, "b": 60},
+    )
+    return fig
+
+
+def _shown(fig: go.Figure) -> set[str]:
+    return {t.name for t in fig.data if t.showlegend}
+
+
+def escape_html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _num(x, fmt: str) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _ours(frame: pd.DataFrame, names: Sequence[str], ours: str | None) -> str | None:
+    if ours and ours in set(frame["impl"]):
+        return ours
+    return next((n for n in names if (frame.loc[frame["impl"] == n, "kind"] == "jfa").any()), None)
+
+
+def bench_table(frame: pd.DataFrame, console: Console, *, impls: Sequence[str] | None = None,
+                title: str = "benchmark") -> None:
+    """Every implementation at every point, a section per point: median ms, TFLOPS, ratio to
+    FA4 and to the best peer, peak memory of one call, relative error; failures in red."""
+    names = impl_order(frame, impls)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("implementation", "left"), ("ms", "right"), ("TFLOPS", "right"), ("÷fa4", "right"),
+                          ("÷best", "right"), ("mem MB", "right"), ("rel err", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    errors: list[str] = []
+    for i, (label, point) in enumerate(frame.groupby("label", sort=False)):
+        if i:
+            table.add_section()
+        table.add_row(f"[bold]{escape(str(label))}[/]")
+        by = {r.impl: r for r in point.itertuples(index=False)}
+        for n in names:
+            r = by.get(n)
+            if r is None:
+                continue
+            if isinstance(r.error, str) and r.error:
+                table.add_row(f"  {escape(n)}", "[red]failed[/]")
+                errors.append(f"{label} · {n}: {r.error}")
+                continue
+            table.add_row(f"  {escape(n)}", _num(r.ms, ".4f"), _num(r.tflops, ".0f"), _num(r.ratio_vs_fa4, ".2f"),
+                          _num(r.ratio_vs_best_peer, ".2f"), _num(r.peak_mem_mb, ",.0f"), _num(r.rel_err, ".1e"))
+    console.print(table)
+    console.print("[dim]÷fa4, ÷best: that implementation's time divided into FA4's / the best peer's "
+                  "(above 1 is faster)[/]")
+    for e in errors:
+        console.print(f"[red]failed[/] {escape(e)}")
+
+
+def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = None,
+                  title: str = "summary") -> None:
+    """A row per point: ``ours`` (default: our first implementation) against FA4 and the best
+    peer, in TFLOPS."""
+    names = impl_order(frame)
+    ours = _ours(frame, names, ours)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("workload", "left"), (ours or "ours", "right"), ("fa4", "right"), ("÷fa4", "right"),
+                          ("best peer", "right"), ("÷best", "right")):
+        table.add_column(escape(name), justify=justify, no_wrap=True)
+    for label, point in frame.groupby("label", sort=False):
+        by = {r.impl: r for r in point.itertuples(index=False)}
+        r, fa4 = by.get(ours), by.get("fa4")
+        best = point["best_peer"].iloc[0]
+        b = by.get(best) if isinstance(best, str) else None
+        failed = r is not None and isinstance(r.error, str) and bool(r.error)
+        table.add_row(escape(str(label)),
+                      "[red]failed[/]" if failed else _num(getattr(r, "tflops", None), ".0f"),
+                      _num(getattr(fa4, "tflops", None), ".0f"),
+                      _num(getattr(r, "ratio_vs_fa4", None), ".2f"),
+                      f"{escape(best)} {_num(b.tflops, '.0f')}" if b is not None else "–",
+                      _num(getattr(r, "ratio_vs_best_peer", None), ".2f"))
+    console.print(table)

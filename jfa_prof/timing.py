@@ -1,0 +1,136 @@
+"""The one way jfa-prof times GPU work.
+
+- :func:`bench`: warm-up, then the median of many repeats, from ``triton.testing.do_bench``
+  (CUDA events around each call, L2 flushed between calls). Medians, because a stray
+  preemption or clock dip moves a mean but not a median.
+- :func:`time_twice`: the same measurement made twice. The gap between the two is the noise
+  floor: a difference between two versions smaller than it says nothing.
+- :func:`host_breakdown`: host wall time per call, with and without waiting for the GPU, for
+  short kernels where launching (building a work list, descriptors) can cost more than the
+  kernel itself and ``bench`` would time the host.
+- :func:`require_gpu` and :func:`measurement_meta`: the device check every live measurement
+  starts with, and the machine / versions / date / command a result file records.
+
+``triton`` and ``torch`` are imported inside the functions, so importing this module is free.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "host_breakdown", "measurement_meta",
+           "require_gpu", "time_twice"]
+
+# do_bench's budgets are milliseconds of GPU time, not iteration counts: a 0.1 ms kernel gets
+# ~1000 repeats in 100 ms, a 5 ms one ~20, and both medians settle.
+DEFAULT_WARMUP_MS = 25
+DEFAULT_REP_MS = 100
+
+
+def bench(fn: Callable[[], Any], *, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS) -> float:
+    """Median milliseconds per call of ``fn`` on the current CUDA device.
+
+    ``fn`` is called once before the warm-up too (do_bench does), so compilation, module load
+    and autotuning stay out of the number; the caller should still have run ``fn`` once to
+    check its output, which is where a first-call failure belongs.
+    """
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Two medians of the same thing, taken one after the other."""
+
+    ms: float
+    ms_repeat: float
+
+    @property
+    def noise_ms(self) -> float:
+        """The spread of the two: differences below this are not measurable here."""
+        return abs(self.ms - self.ms_repeat)
+
+    @property
+    def noise_frac(self) -> float:
+        return self.noise_ms / self.ms if self.ms > 0 else math.nan
+
+    def to_dict(self) -> dict[str, float]:
+        return {"ms": self.ms, "ms_repeat": self.ms_repeat, "noise_ms": self.noise_ms}
+
+
+def time_twice(fn: Callable[[], Any], *, warmup_ms: float = DEFAULT_WARMUP_MS,
+               rep_ms: float = DEFAULT_REP_MS, timer: Callable[..., float] | None = None) -> Timing:
+    """:func:`bench` twice in a row. ``timer`` replaces :func:`bench` (tests, other timers)."""
+    timer = timer or bench
+    first = timer(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    second = timer(fn, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    return Timing(first, second)
+
+
+def host_breakdown(calls: Mapping[str, Callable[[], Any]], *, n: int = 20) -> dict[str, dict[str, float]]:
+    """Per named call, milliseconds of host time per call: ``enqueue_ms`` until the host is done
+    issuing ``n`` calls, ``synced_ms`` until the GPU has finished them too.
+
+    When ``enqueue_ms`` is close to ``synced_ms`` the host is the bottleneck, and a kernel-time
+    median of that call is really a measurement of the host. Each call runs once first so that
+    compilation is not counted.
+    """
+    import torch
+
+    for fn in calls.values():
+        fn()
+    out = {}
+    for name, fn in calls.items():
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        enqueue = (time.perf_counter() - t0) / n * 1e3
+        torch.cuda.synchronize()
+        out[name] = {"enqueue_ms": enqueue, "synced_ms": (time.perf_counter() - t0) / n * 1e3}
+    return out
+
+
+def require_gpu(what: str, *, hint: str | None = None):
+    """The CUDA device to time on, or :class:`~jfa_prof.errors.NoGpuError` saying what needed it.
+
+    The kernels are built for sm_90a, so another architecture is as good as none."""
+    import torch
+
+    from jfa_prof.errors import NoGpuError
+
+    if not torch.cuda.is_available():
+        raise NoGpuError(f"no CUDA GPU is visible: {what} needs an sm_90 GPU", hint=hint)
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        raise NoGpuError(f"{what} needs an sm_90 (Hopper) GPU; this one is sm_{major}{minor}", hint=hint)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def measurement_meta(command: str | None = None, **versions: str | None) -> dict[str, Any]:
+    """Machine, versions, date, command and timer of a measurement made now, for result files.
+    ``versions`` adds packages beyond torch/triton/jfa-prof (peers), None ones left out."""
+    import datetime
+    import platform
+    import sys
+
+    import torch
+    import triton
+
+    from jfa_prof import __version__
+
+    meta: dict[str, Any] = {}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        meta.update(gpu=props.name, sm_count=props.multi_processor_count,
+                    capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
+    meta.update(torch=torch.__version__, triton=triton.__version__, jfa_prof=__version__,
+                python=platform.python_version(),
+                **{k: v for k, v in versions.items() if v is not None})
+    meta.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                command=command if command is not None else " ".join(["jfa-prof"] + sys.argv[1:]),
+                timer="triton.testing.do_bench median")
+    return meta

@@ -1,0 +1,161 @@
+"""`jfa-prof bench` and `jfa-prof waterfall` end to end on a CPU: recorded files render, live
+runs stop with NoGpuError (exit 3) before touching a GPU, bad options exit 2."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jfa_prof.ablations import WaterfallRecord
+from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
+from jfa_prof.cli import app
+
+runner = CliRunner()
+H200 = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "fwd_hsp_h200_2026-11-30.json"
+POINT = "hsp Lq=256 max=2048 s=0.1"
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def _json(result):
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------
+
+def test_bench_recorded_json(tmp_path):
+    html = tmp_path / "chart.html"
+    d = _json(runner.invoke(app, ["bench", "--results", str(H200), "--json", "--html", str(html)]))
+    assert d["origin"] == "recorded" and d["provenance"] == "recorded on NVIDIA H200 on 2026-11-30"
+    assert len(d["results"]) == 18 and d["html"] == str(html) and html.stat().st_size > 1_000_000
+    r = next(r for r in d["results"] if r["workload"]["label"] == POINT)
+    assert r["impls"]["fa4"]["tflops"] == pytest.approx(278.609, abs=1e-3)
+    assert r["best_peer"] == "fa4" and r["meta"]["gpu"] == "NVIDIA H200"
+    assert "recorded on NVIDIA H200 on 2026-11-30" in html.read_text()
+
+
+def test_bench_recorded_tables():
+    result = runner.invoke(app, ["bench", "--results", str(H200), "--label", POINT])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "recorded on NVIDIA H200 on 2026-11-30" in out
+    # One point: the detailed table, then the summary with jfa-lpt (the baseline of that run).
+    assert next(line for line in out.splitlines() if line.strip().startswith("fa4")).split()[:3] == \
+        ["fa4", "0.3959", "279"]
+    assert "jfa-lpt" in out and "÷fa4" in out
+    summary = [line.split() for line in out.splitlines() if line.strip().startswith(POINT)][-1]
+    assert summary[-6:] == ["88", "279", "0.32", "fa4", "279", "0.32"]
+
+
+def test_bench_recorded_filters():
+    result = runner.invoke(app, ["bench", "--results", str(H200), "--grid", "jagged"])
+    assert result.exit_code == 2 and "holds no fwd results for grid jagged" in result.output
+    result = runner.invoke(app, ["bench", "--results", str(H200), "--no-detail"])
+    assert result.exit_code == 0 and "implementation" not in result.stdout
+    assert sum(line.strip().startswith("hsp ") for line in result.stdout.splitlines()) == 18
+
+
+def test_bench_recorded_bad_file(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("{}")
+    result = runner.invoke(app, ["bench", "--results", str(p)])
+    assert result.exit_code == 2 and "not a bench result file" in result.output
+
+
+def test_bench_without_gpu_exits_3(no_gpu):
+    result = runner.invoke(app, ["bench", "--label", POINT])
+    assert result.exit_code == 3
+    assert "no CUDA GPU is visible: jfa-prof bench needs an sm_90 GPU" in result.stderr
+    assert "--results FILE" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--peers", "fa4,fa3"], "unknown peer(s): fa3"),
+    (["--pass", "bwd"], "no bwd bench yet"),
+    (["--schedule", "lpt,zigzag"], "unknown schedule(s): zigzag"),
+    (["--grid", "sparse"], "unknown grid 'sparse'"),
+    (["--label", "hsp Lq=64"], "no hsp workload labelled"),
+])
+def test_bench_bad_options_exit_2_before_the_gpu(no_gpu, args, message):
+    result = runner.invoke(app, ["bench", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# waterfall
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def recorded(tmp_path):
+    t = WaterfallTimings(1.0, 0.96875, (
+        AblationTiming("no_o_store", "skips the output stores", 0.875, 0.875, 1),
+        AblationTiming("no_exp", "no exponentials", 0.75, 0.5, 2),
+        AblationTiming("reuse_kv", "no K/V loads", 0.984375, 0.25, 4),
+    ))
+    rec = WaterfallRecord(t, {"label": "hsp Lq=256 max=2048 s=0.5", "grid": "hsp"}, "lpt",
+                          {"gpu": "NVIDIA H200", "date": "2026-12-01T08:00:00+00:00"}, flops=4e11)
+    p = tmp_path / "wf.json"
+    p.write_text(json.dumps(rec.to_dict()))
+    return p
+
+
+def test_waterfall_recorded(tmp_path, recorded):
+    html = tmp_path / "wf.html"
+    result = runner.invoke(app, ["waterfall", "--results", str(recorded), "--out", str(html)])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "hsp Lq=256 max=2048 s=0.5" in out and "recorded on NVIDIA H200 on 2026-12-01" in out
+    assert "baseline 400 TFLOPS" in out
+    row = next(line for line in out.splitlines() if line.strip().startswith("no_exp"))
+    assert row.split() == ["no_exp", "0.7500", "0.2500", "25.0%", "0.5000", "0.3750", "37.5%"]
+    assert f"wrote {html}" in out and html.stat().st_size > 1_000_000
+    assert "recorded on NVIDIA H200 on 2026-12-01" in html.read_text()
+
+
+def test_waterfall_recorded_json(tmp_path, recorded):
+    d = _json(runner.invoke(app, ["waterfall", "--results", str(recorded), "--out", str(tmp_path / "w.html"),
+                                  "--json"]))
+    assert d["origin"] == "recorded" and d["kind"] == "jfa-prof waterfall" and d["schedule"] == "lpt"
+    wf = d["waterfall"]
+    assert wf["basis"] == "cumulative" and wf["noise_ms"] == 0.03125 and wf["remainder_ms"] == 0.25
+    assert [c["step_saving_ms"] for c in wf["components"]] == [0.125, 0.375, 0.25]
+    assert [c["alone_significant"] for c in wf["components"]] == [True, True, False]
+    # The JSON is itself a record: it renders again.
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps(d))
+    result = runner.invoke(app, ["waterfall", "--results", str(again), "--out", str(tmp_path / "w2.html")])
+    assert result.exit_code == 0, result.output
+
+
+def test_waterfall_results_must_be_a_waterfall(tmp_path):
+    result = runner.invoke(app, ["waterfall", "--results", str(H200), "--out", str(tmp_path / "w.html")])
+    assert result.exit_code == 2 and "not a recorded waterfall" in result.output
+
+
+def test_waterfall_without_gpu_exits_3(tmp_path, no_gpu):
+    result = runner.invoke(app, ["waterfall", "--pass", "fwd", "--cumulative", "--out", str(tmp_path / "w.html")])
+    assert result.exit_code == 3
+    assert "jfa-prof waterfall needs an sm_90 GPU" in result.stderr and "--results FILE" in result.stderr
+    assert not (tmp_path / "w.html").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pass", "both"], "unknown pass 'both'"),
+    (["--schedule", "zigzag"], "unknown schedule 'zigzag'"),
+    (["--max-kv", "333"], "no hsp workload"),
+])
+def test_waterfall_bad_options_exit_2(tmp_path, no_gpu, args, message):
+    result = runner.invoke(app, ["waterfall", *args, "--out", str(tmp_path / "w.html")])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr

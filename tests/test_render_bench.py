@@ -1,0 +1,77 @@
+"""Bench charts and tables on the committed H200 results."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from jfa_prof.bench import load_results
+from jfa_prof.render.bench import bench_table, facets, impl_order, summary_table, tflops_figure
+
+H200 = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "fwd_hsp_h200_2026-11-30.json"
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return load_results(H200).frame()
+
+
+def test_facets_and_order(frame):
+    assert facets(frame) == ([128, 256], [1024, 2048, 4096])
+    assert impl_order(frame)[-2:] == ["torch-varlen", "fa4"]
+    assert impl_order(frame, ["fa4"]) == ["fa4"]
+
+
+def test_tflops_figure(frame):
+    fig = tflops_figure(frame, title="fwd", subtitle="recorded on NVIDIA H200 on 2026-11-30")
+    d = fig.to_dict()
+    # 6 panels × 8 implementations, 3 sparsities each.
+    assert len(d["data"]) == 48 and all(list(t["x"]) == [0.1, 0.5, 0.9] for t in d["data"])
+    assert [t["name"] for t in d["data"] if t["showlegend"]] == impl_order(frame)
+    titles = [a["text"] for a in d["layout"]["annotations"]]
+    assert titles == [f"Lq={lq} · max_kv={m}" for lq in (128, 256) for m in (1024, 2048, 4096)]
+    # Panel (Lq=256, max_kv=2048) is row 2, column 2: the 5th axis pair.
+    fa4 = next(t for t in d["data"] if t["name"] == "fa4" and t["xaxis"] == "x5")
+    assert [round(v) for v in fa4["y"]] == [279, 447, 497]
+    assert fa4["line"]["dash"] == "dash"
+    ours = next(t for t in d["data"] if t["name"] == "jfa-lpt-planned" and t["xaxis"] == "x5")
+    assert ours["line"]["dash"] == "solid" and [round(v) for v in ours["y"]] == [260, 437, 451]
+    # One colour per implementation across panels.
+    assert len({t["line"]["color"] for t in d["data"] if t["name"] == "fa4"}) == 1
+    assert "recorded on NVIDIA H200 on 2026-11-30" in d["layout"]["title"]["text"]
+
+
+def test_tflops_figure_skips_failed_points(frame):
+    f = frame.copy()
+    f.loc[(f["impl"] == "fa4") & (f["sparsity"] == 0.1), ["tflops", "error"]] = [float("nan"), "boom"]
+    d = tflops_figure(f).to_dict()
+    assert all(list(t["x"]) == [0.5, 0.9] for t in d["data"] if t["name"] == "fa4")
+    with pytest.raises(ValueError):
+        tflops_figure(frame.iloc[0:0])
+
+
+def test_tables(frame):
+    buf = io.StringIO()
+    console = Console(file=buf, width=100, highlight=False)
+    point = frame[frame["label"] == "hsp Lq=256 max=2048 s=0.1"]
+    bench_table(point, console, title="t")
+    summary_table(frame, console, ours="jfa-lpt-planned")
+    out = buf.getvalue()
+    fa4 = next(line for line in out.splitlines() if line.strip().startswith("fa4"))
+    assert fa4.split()[:5] == ["fa4", "0.3959", "279", "1.00", "1.00"]
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("hsp ")]
+    assert len(rows) == 1 + 18  # the point's section, then one summary row per point
+    assert rows[1 + 12][:4] == ["hsp", "Lq=256", "max=2048", "s=0.1"]
+    assert rows[1 + 12][4:] == ["260", "279", "0.93", "fa4", "279", "0.93"]
+
+
+def test_table_shows_failures(frame):
+    f = frame[frame["label"] == "hsp Lq=256 max=2048 s=0.1"].copy()
+    f.loc[f["impl"] == "torch-varlen", ["ms", "tflops", "error"]] = [float("nan"), float("nan"), "OutOfMemoryError"]
+    buf = io.StringIO()
+    bench_table(f, Console(file=buf, width=100, highlight=False))
+    out = buf.getvalue()
+    assert next(line for line in out.splitlines() if "torch-varlen" in line).split() == ["torch-varlen", "failed"]
+    assert "hsp Lq=256 max=2048 s=0.1 · torch-varlen: OutOfMemoryError" in out

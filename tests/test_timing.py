@@ -1,0 +1,65 @@
+"""The timing helpers, with do_bench and CUDA stood in for."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jfa_prof import timing
+from jfa_prof.errors import NoGpuError
+
+
+def test_bench_asks_do_bench_for_the_median(monkeypatch):
+    import triton.testing
+
+    seen = {}
+
+    def fake(fn, **kw):
+        seen.update(kw)
+        fn()
+        return 0.25
+    monkeypatch.setattr(triton.testing, "do_bench", fake)
+    calls = []
+    assert timing.bench(lambda: calls.append(1), rep_ms=50) == 0.25
+    assert seen == {"warmup": timing.DEFAULT_WARMUP_MS, "rep": 50, "return_mode": "median"} and calls == [1]
+
+
+def test_time_twice_reports_the_noise():
+    times = iter([1.0, 0.96875])
+    t = timing.time_twice(lambda: None, timer=lambda fn, **kw: next(times))
+    assert (t.ms, t.ms_repeat, t.noise_ms, t.noise_frac) == (1.0, 0.96875, 0.03125, 0.03125)
+    assert t.to_dict() == {"ms": 1.0, "ms_repeat": 0.96875, "noise_ms": 0.03125}
+
+
+def test_host_breakdown(monkeypatch):
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
+    calls = {"a": 0, "b": 0}
+
+    def call(name):
+        def fn():
+            calls[name] += 1
+        return fn
+    out = timing.host_breakdown({"a": call("a"), "b": call("b")}, n=5)
+    assert set(out) == {"a", "b"} and calls == {"a": 6, "b": 6}  # one untimed first call each
+    assert all(0 <= v["enqueue_ms"] <= v["synced_ms"] for v in out.values())
+    assert len(syncs) == 4
+
+
+def test_require_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NoGpuError, match="no CUDA GPU is visible: the bench needs an sm_90 GPU") as e:
+        timing.require_gpu("the bench", hint="use --results")
+    assert e.value.exit_code == 3 and e.value.hint == "use --results"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
+    with pytest.raises(NoGpuError, match="needs an sm_90 \\(Hopper\\) GPU; this one is sm_100"):
+        timing.require_gpu("the bench")
+
+
+def test_measurement_meta_without_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    meta = timing.measurement_meta("jfa-prof bench --grid hsp", flash_attn_4="4.0.0b36", missing=None)
+    assert meta["command"] == "jfa-prof bench --grid hsp" and meta["flash_attn_4"] == "4.0.0b36"
+    assert "missing" not in meta and "gpu" not in meta
+    assert meta["torch"] == torch.__version__ and meta["timer"] == "triton.testing.do_bench median"
+    assert meta["date"][:2] == "20" and meta["date"].endswith("+00:00")
