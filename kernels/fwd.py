@@ -37,6 +37,9 @@ _CONSUMER_THREADS = tl.constexpr(256)  # both consumer warpgroups meet at the tu
 _STAGE_BAR = tl.constexpr(11)  # + consumer id: one warpgroup's barrier around output staging
 _WARPGROUP_THREADS = tl.constexpr(128)
 _STORE_ROWS = tl.constexpr(8)  # output rows stored per chunk
+_MASK_NEVER = tl.constexpr(0)
+_MASK_ALWAYS = tl.constexpr(1)
+_MASK_IF_FLAGGED = tl.constexpr(2)
 _PRODUCER_BAR = tl.constexpr(13)  # the producer warpgroup's own barrier (mailbox hand-off)
 _BOX_WORDS = tl.constexpr(128)  # one word per producer thread: no two threads store to one address
 
@@ -146,15 +149,30 @@ def _take_position(box, full, empty, phase, cid: tl.constexpr, cycles, count, PR
     return pos, cycles, count
 
 
+@triton.jit
+def _apply_mask(qk, blk, row_ids, Lq, Lk, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    visible = cols[None, :] < Lk
+    if HAS_WINDOW:
+        diff = row_ids[:, None] - cols[None, :]
+        visible = visible & (diff <= window) & (diff >= -window)
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= row_ids[:, None] + (Lk - Lq))
+    return tl.where(visible, qk, float("-inf"))
+
+
 # ---------------------------------------------------------------------------------------------
-# Consumer: one KV block of online softmax. FIRST has no previous P·V to issue; MASKED applies
-# the sequence-end / window / causal mask to the scores.
+# Consumer: one KV block of online softmax. FIRST has no previous P·V to issue; MASK_MODE says
+# whether the sequence-end / window / causal mask applies: never, always, or where `masked` is
+# set (peeling: one loop whose boundary blocks branch into the mask, so the tensor-core pipeline
+# is not split across several loops, which made ptxas serialize the wgmma chain).
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, cnt, blk,
                    p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid: tl.constexpr,
-                   w_k, n_k, w_turn, n_turn,
-                   FIRST: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   w_k, n_k, w_turn, n_turn, masked,
+                   FIRST: tl.constexpr, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr,
                    HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                    PROFILE: tl.constexpr, NO_EXP: tl.constexpr):
     idx = cnt % NUM_STAGES
@@ -181,17 +199,13 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
         qk = tlx.async_dot_wait(0, qk)
     tlx.barrier_arrive(k_empties[idx], 1)
 
-    if MASKED:
-        cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
-        visible = cols[None, :] < Lk
-        if HAS_WINDOW:
-            diff = row_ids[:, None] - cols[None, :]
-            visible = visible & (diff <= window) & (diff >= -window)
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= row_ids[:, None] + (Lk - Lq))
-        qk = tl.where(visible, qk, float("-inf"))
+    if MASK_MODE == _MASK_ALWAYS:
+        qk = _apply_mask(qk, blk, row_ids, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_N)
+    elif MASK_MODE == _MASK_IF_FLAGGED:
+        if masked:
+            qk = _apply_mask(qk, blk, row_ids, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_N)
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    if MASKED:
+    if MASK_MODE != _MASK_NEVER:
         # A row that has seen no key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
@@ -215,14 +229,17 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
 
 @triton.jit
 def _consume_range(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, cnt, blk_start,
-                   blk_end, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid: tl.constexpr,
-                   w_k, n_k, w_turn, n_turn, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                   blk_end, mid_lo, mid_hi, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid: tl.constexpr,
+                   w_k, n_k, w_turn, n_turn, MASK_MODE: tl.constexpr, CAUSAL: tl.constexpr,
                    HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
                    PROFILE: tl.constexpr, NO_EXP: tl.constexpr):
+    """Blocks [blk_start, blk_end); with MASK_MODE == _MASK_IF_FLAGGED only those outside
+    [mid_lo, mid_hi), which every valid row sees in full, pay for the mask."""
     for blk in range(blk_start, blk_end):
+        masked = (blk < mid_lo) | (blk >= mid_hi)
         p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn = _consume_block(
             q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, cnt, blk, p, acc, m_i,
-            l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_k, n_k, w_turn, n_turn, False, MASKED,
+            l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_k, n_k, w_turn, n_turn, masked, False, MASK_MODE,
             CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
         cnt += 1
     return cnt, p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn
@@ -398,10 +415,10 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                         full_hi = tl.minimum(full_hi, r_first + Lk - Lq + 1)
                     blk_hi = blk_lo + n_blocks
                     if NO_MASK:
-                        mid_lo = blk_lo + 1
+                        mid_lo = blk_lo
                         mid_hi = blk_hi
                     elif PEEL:
-                        mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), blk_lo + 1), blk_hi)
+                        mid_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N), blk_lo), blk_hi)
                         mid_hi = tl.minimum(tl.maximum(full_hi // BLOCK_N, mid_lo), blk_hi)
                         mid_hi = tl.where(r_last >= r_first, mid_hi, mid_lo)
                     else:
@@ -409,24 +426,22 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                         mid_hi = blk_hi
                     w_qf, n_qf = prof.timed_wait(q_fulls[q_slot], (q_cnt // 2) & 1, w_qf, n_qf, PROFILE)
                     p = tl.zeros([SPLIT_M, BLOCK_N], dtype)
+                    if NO_MASK:
+                        MODE: tl.constexpr = _MASK_NEVER
+                    elif PEEL:
+                        MODE: tl.constexpr = _MASK_IF_FLAGGED
+                    else:
+                        MODE: tl.constexpr = _MASK_ALWAYS
                     p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_block(
                         q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, blk_lo,
                         p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
-                        n_turn, True, not NO_MASK, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
+                        n_turn, (blk_lo < mid_lo) | (blk_lo >= mid_hi), True, MODE, CAUSAL, HAS_WINDOW, BLOCK_N,
+                        NUM_STAGES, PROFILE, NO_EXP)
                     kv_cnt += 1
-                    # Masked head (window start), unmasked middle, masked tail (end, diagonal).
                     kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
                         q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, blk_lo + 1,
-                        mid_lo, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
-                        n_turn, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
-                    kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
-                        q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, mid_lo,
-                        mid_hi, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
-                        n_turn, False, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
-                    kv_cnt, p, acc, m_i, l_i, w_kf, n_kf, w_turn, n_turn = _consume_range(
-                        q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empties, kv_cnt, mid_hi,
-                        blk_hi, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf, w_turn,
-                        n_turn, True, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
+                        blk_hi, mid_lo, mid_hi, p, acc, m_i, l_i, qk_scale, row_ids, Lq, Lk, window, cid, w_kf, n_kf,
+                        w_turn, n_turn, MODE, CAUSAL, HAS_WINDOW, BLOCK_N, NUM_STAGES, PROFILE, NO_EXP)
                     # The last block's P·V.
                     last = (kv_cnt - 1) % NUM_STAGES
                     w_vf, n_vf = prof.timed_wait(v_fulls[last], ((kv_cnt - 1) // NUM_STAGES) & 1, w_vf, n_vf,
