@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import typer
 
+from jfa_prof.commands import options as opt
+
 
 class Clc(str, Enum):
     off = "off"
@@ -43,11 +45,11 @@ def heatmap(
     out: Path = typer.Option(Path("heatmap.html"), "--out", help="Where to write the HTML page."),
     json: bool = typer.Option(False, "--json", help="Print the figures as JSON on stdout instead of tables."),
     bins: int = typer.Option(400, "--bins", min=10, max=20000, help="Time columns of the heatmap."),
-    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid for live or bundled runs: hsp, jagged, dense."),
-    lq: Optional[int] = typer.Option(None, "--lq", help="Queries per sequence (hsp grid)."),
-    max_kv: Optional[int] = typer.Option(None, "--max-kv", help="Longest KV sequence."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Mean length / max (SPEC §6 density)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sequence lengths (live runs)."),
+    grid: opt.Grid = None,
+    lq: opt.Lq = None,
+    max_kv: opt.MaxKv = None,
+    sparsity: opt.Sparsity = None,
+    seed: opt.Seed = None,
 ) -> None:
     """SM × time heatmap of a forward launch, tile scheduler off and on.
 
@@ -178,7 +180,7 @@ def _record_live(want: set[str], err, *, grid, Lq, max_kv, sparsity, seed) -> di
     import os
     import sys
 
-    from jfa_prof.errors import BadInputError, NoGpuError, TlxUnavailableError
+    from jfa_prof.errors import NoGpuError, TlxUnavailableError
 
     # Checked before importing torch (seconds): a machine without the recording stack, or
     # without an NVIDIA driver, goes straight to the recordings.
@@ -190,12 +192,7 @@ def _record_live(want: set[str], err, *, grid, Lq, max_kv, sparsity, seed) -> di
 
     if not torch.cuda.is_available():
         return None
-    from jfa_prof.inputs import select_workload
-
-    try:
-        workload = select_workload(grid, Lq=Lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
-    except ValueError as e:
-        raise BadInputError(str(e)) from None
+    workload = opt.resolve_workload(grid, Lq, max_kv, sparsity, seed)
     out = {}
     try:
         from jfa_prof.recording import record_workload

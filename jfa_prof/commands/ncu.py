@@ -6,6 +6,8 @@ from typing import Any, Optional
 
 import typer
 
+from jfa_prof.commands import options as opt
+
 
 def ncu(
     report: Optional[Path] = typer.Option(
@@ -15,11 +17,11 @@ def ncu(
     kernel: Optional[str] = typer.Option(
         None, "--kernel", metavar="REGEX", help="Only kernels whose name matches, for reports holding several."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Live: static, lpt (default) or dynamic."),
-    grid: Optional[str] = typer.Option(None, "--grid", help="Live: workload grid, hsp (default), jagged, dense."),
-    lq: Optional[int] = typer.Option(None, "--lq", help="Live: queries per sequence (hsp grid)."),
-    max_kv: Optional[int] = typer.Option(None, "--max-kv", help="Live: longest KV sequence."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Live: mean length / max (SPEC §6 density)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Live: seed of the sequence lengths."),
+    grid: opt.Grid = None,
+    lq: opt.Lq = None,
+    max_kv: opt.MaxKv = None,
+    sparsity: opt.Sparsity = None,
+    seed: opt.Seed = None,
     no_peel: bool = typer.Option(False, "--no-peel", help="Live: mask every KV block (no peeled mask tail)."),
     vs_schedule: Optional[str] = typer.Option(
         None, "--vs-schedule", help="Live: also profile this schedule and compare it (B) against --schedule (A)."),
@@ -101,16 +103,8 @@ def _live(*, schedule, peel, grid, lq, max_kv, sparsity, seed, vs_schedule, vs_p
     ncu_path = ncu_live.require_ncu()
     ncu_live.require_gpu_driver()
 
-    from jfa_prof.inputs import select_workload
-    from jfa_prof.schedule import SCHEDULES
-
-    for s in (schedule, vs_schedule):
-        if s is not None and s not in SCHEDULES:
-            raise BadInputError(f"unknown schedule {s!r}", hint=f"one of {', '.join(SCHEDULES)}")
-    try:
-        workload = select_workload(grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
-    except ValueError as err:
-        raise BadInputError(str(err)) from None
+    opt.check_schedule(schedule, vs_schedule)
+    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
 
     # The resolved workload, so the B run and the file names match what A ran.
     run_a = ncu_live.LiveRun(schedule=schedule, peel=peel, grid=workload.grid, lq=workload.Lq,

@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
+
+from jfa_prof.commands import options as opt
 
 
 def record(
     out: Path = typer.Option(..., "-o", "--out", help="Trace file to write (.jfatrace)."),
-    schedule: str = typer.Option("lpt", "--schedule", help="static, lpt or dynamic."),
-    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid: hsp, jagged, dense."),
-    lq: Optional[int] = typer.Option(None, "--lq", help="Queries per sequence (hsp grid)."),
-    max_kv: Optional[int] = typer.Option(None, "--max-kv", help="Longest KV sequence."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Mean length / max (SPEC §6 density)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sequence lengths."),
+    schedule: opt.Schedule = "lpt",
+    grid: opt.Grid = None,
+    lq: opt.Lq = None,
+    max_kv: opt.MaxKv = None,
+    sparsity: opt.Sparsity = None,
+    seed: opt.Seed = None,
     no_peel: bool = typer.Option(False, "--no-peel", help="Mask every KV block (no peeled mask tail)."),
     level: int = typer.Option(2, "--level", min=1, max=2,
                               help="1: tile records and warp-role spans; 2: also barrier waits (costs more)."),
@@ -26,18 +27,11 @@ def record(
 
     from rich.console import Console
 
-    from jfa_prof.errors import BadInputError
-    from jfa_prof.inputs import select_workload
     from jfa_prof.recording import record_workload
-    from jfa_prof.schedule import SCHEDULES
     from jfa_prof.trace import write_trace
 
-    if schedule not in SCHEDULES:
-        raise BadInputError(f"unknown schedule {schedule!r}", hint=f"one of {', '.join(SCHEDULES)}")
-    try:
-        workload = select_workload(grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
-    except ValueError as e:
-        raise BadInputError(str(e)) from None
+    opt.check_schedule(schedule)
+    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     console = Console(stderr=True, highlight=False)
     with console.status(f"recording {workload.label} ({schedule}) on the GPU…"):
         tr = record_workload(workload, schedule, peel=not no_peel, level=level)

@@ -14,15 +14,17 @@ from typing import Optional
 
 import typer
 
+from jfa_prof.commands import options as opt
+
 
 def waterfall(
     pass_: str = typer.Option("fwd", "--pass", help="Which kernel: fwd (bwd once the backward kernel has ablations)."),
-    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid: hsp, jagged, dense."),
-    lq: Optional[int] = typer.Option(None, "--lq", help="Queries per sequence (hsp grid)."),
-    max_kv: Optional[int] = typer.Option(None, "--max-kv", help="Longest KV sequence."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Mean length / max (SPEC §6 density)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sequence lengths."),
-    schedule: str = typer.Option("lpt", "--schedule", help="static, lpt or dynamic."),
+    grid: opt.Grid = None,
+    lq: opt.Lq = None,
+    max_kv: opt.MaxKv = None,
+    sparsity: opt.Sparsity = None,
+    seed: opt.Seed = None,
+    schedule: opt.Schedule = "lpt",
     ablate: Optional[str] = typer.Option(
         None, "--ablate", help="Comma-separated ablations, in the order --cumulative applies them. Default: all, "
                                "in the kernel's order."),
@@ -89,17 +91,10 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, ablate, 
 
     from jfa_prof import ablations, timing
     from jfa_prof.errors import BadInputError
-    from jfa_prof.inputs import select_workload
-    from jfa_prof.schedule import SCHEDULES
-
     if pass_ not in ablations.PASSES:
         raise BadInputError(f"unknown pass {pass_!r}", hint=f"one of {', '.join(ablations.PASSES)}")
-    if schedule not in SCHEDULES:
-        raise BadInputError(f"unknown schedule {schedule!r}", hint=f"one of {', '.join(SCHEDULES)}")
-    try:
-        workload = select_workload(grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
-    except ValueError as e:
-        raise BadInputError(str(e)) from None
+    opt.check_schedule(schedule)
+    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     device = timing.require_gpu("jfa-prof waterfall", hint="pass --results FILE to render a recorded waterfall")
     names = [n.strip() for n in ablate.split(",") if n.strip()] if ablate else None
     plan = ablations.ablation_plan(pass_, names)
