@@ -240,12 +240,7 @@ def _broken_reasons(env: Environment) -> list[str]:
                        f"fbtriton {tri.fbtriton_version}")
     if not tri.importable:
         reasons.append("triton is not importable")
-    elif tri.shadows_upstream:
-        fork = Check("triton fork", Status.WARN,
-                     f"fbtriton {tri.fbtriton_version} at {tri.fbtriton_dir} shadows upstream triton "
-                     f"{tri.upstream_version} at {tri.upstream_dir}; a process with another "
-                     "sys.path order would import upstream", fix=TRITON_FIX)
-    elif tri.fbtriton_version is None:
+    elif tri.fbtriton_version is None and not tri.shadows_upstream:
         reasons.append("the imported triton is not the TLX fork (fbtriton is not installed)")
     if tri.importable and not tri.tlx_importable:
         reasons.append("triton.language.extra.tlx is not importable")

@@ -38,7 +38,6 @@ def chrome_trace(tiles: pd.DataFrame, spans: pd.DataFrame | None = None, waits: 
     roles = list(roles) or sorted(set(tiles.get("role_name", pd.Series(dtype=object))) |
                                   set(spans.get("role", pd.Series(dtype=object))))
     n_roles = max(len(roles), 1)
-    role_of = {r: i for i, r in enumerate(roles)}
 
     events: list[dict[str, Any]] = []
     lanes = pd.concat([
