@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
-#   bash benchmarks/gpu.sh tests sanitize record overhead bench flex waterfall ncu
+#   bash benchmarks/gpu.sh tests sanitize record overhead profile bench flex waterfall ncu
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 
-tests() {  # kernel correctness against the fp32 reference
-  python -m pytest tests -m gpu -q -n 8 -p no:cacheprovider 2>&1 | tail -4
+tests() {  # kernel correctness against the fp32 reference; the jobs after it run only if it passes
+  python -m pytest tests -m gpu -q -n 16 -p no:cacheprovider 2>&1 | grep -v Warning | tail -15
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "GPU tests failed: stopping" >&2; exit 1; }
 }
 sanitize() {  # memcheck and racecheck on a small case of every schedule
   for tool in memcheck racecheck; do
@@ -22,11 +23,14 @@ record() {  # the bundled heatmap recordings (HSP s=0.1) and the small test reco
   done
 }
 overhead() {  # instrumentation and host-launch overhead
-  python benchmarks/profile_overhead.py --out "$OUT/profile_overhead.json" 2>&1 | tail -5
+  profile
   python benchmarks/launch_overhead.py --out "$OUT/launch_overhead.json" 2>&1 | tail -6
 }
-bench() {  # forward over the HSP, jagged and dense grids beside the peers (FA4 when importable)
-  for grid in hsp jagged dense; do
+profile() {  # what each instrumentation level costs
+  python benchmarks/profile_overhead.py --out "$OUT/profile_overhead.json" 2>&1 | tail -5
+}
+bench() {  # forward over the HSP and dense grids beside the peers (FA4 when importable)
+  for grid in ${BENCH_GRIDS:-hsp dense}; do
     python -m jfa_prof bench --pass fwd --grid $grid --peers fa4,varlen,sdpa --no-detail \
       --out "$OUT/bench_fwd_$grid.json" --html "$OUT/bench_fwd_$grid.html" 2>&1 | grep -v Warning | tail -25
   done
@@ -36,16 +40,15 @@ flex() {  # FlexAttention compiles per point (tens of seconds), so two HSP point
     --label "hsp Lq=256 max=2048 s=0.5" --out "$OUT/bench_fwd_hsp_flex.json" 2>&1 | grep -v Warning | tail -8
 }
 waterfall() {  # what each piece of the forward costs, on three HSP points
-  for pt in "256 2048 0.5" "256 2048 0.1" "128 1024 0.9"; do
+  for pt in ${WATERFALL_POINTS:-"256 2048 0.5" "256 2048 0.1" "128 1024 0.9"}; do
     set -- $pt
     python -m jfa_prof waterfall --pass fwd --lq "$1" --max-kv "$2" --sparsity "$3" --cumulative \
       --save "$OUT/waterfall_hsp_lq$1_kv$2_s$3.json" 2>&1 | grep -v Warning | tail -14
   done
 }
 ncu() {  # hardware counters of the forward, LPT vs dynamic
-  for s in lpt dynamic; do
-    python -m jfa_prof ncu --schedule $s --grid hsp --lq 128 --max-kv 1024 --sparsity 0.5 -o "$OUT/fwd_$s.ncu-rep" 2>&1 | tail -3
-  done
+  python -m jfa_prof ncu --schedule lpt --vs-schedule dynamic --grid hsp --lq 128 --max-kv 1024 --sparsity 0.5 \
+    -o "$OUT/fwd_lpt.ncu-rep" 2>&1 | tail -30
 }
 
 for job in "${@:-tests}"; do
