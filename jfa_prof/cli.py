@@ -89,6 +89,7 @@ from jfa_prof.commands.barriers import barriers as barriers_cmd  # noqa: E402
 from jfa_prof.commands.bench import bench as bench_cmd  # noqa: E402
 from jfa_prof.commands.doctor import doctor as doctor_cmd  # noqa: E402
 from jfa_prof.commands.record import record as record_cmd  # noqa: E402
+from jfa_prof.commands.report import report as report_cmd  # noqa: E402
 
 app.command("heatmap")(heatmap_cmd)
 app.command("spills")(spills_cmd)
@@ -98,5 +99,6 @@ app.command("timeline")(timeline_cmd)
 app.command("barriers")(barriers_cmd)
 app.command("bench")(bench_cmd)
 app.command("record")(record_cmd)
+app.command("report")(report_cmd)
 app.command("doctor")(doctor_cmd)
 # ---- end of command registration ------------------------------------------------------------

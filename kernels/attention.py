@@ -95,7 +95,8 @@ def _profile_level(profile) -> int:
 @torch.library.custom_op("jfa_prof::jfa_fwd", mutates_args=())
 def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
                 kv_offsets: torch.Tensor, max_seq_len_q: int, sm_scale: float, window: int, causal: bool,
-                broadcast_q: bool, schedule: str) -> tuple[torch.Tensor, torch.Tensor]:
+                broadcast_q: bool, schedule: str, max_seq_len_kv: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    # max_seq_len_kv is unused here: it sizes the backward's grid (-1: read from the offsets then).
     o, lse, _, _ = fwd_launch(q, k, v, None if broadcast_q else q_offsets, kv_offsets, max_seq_len_q,
                               sm_scale=sm_scale, window=None if window == _NO_WINDOW else window, causal=causal,
                               broadcast_q=broadcast_q, schedule=schedule)
@@ -103,10 +104,90 @@ def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: to
 
 
 @_jfa_fwd_op.register_fake
-def _(q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, schedule):
+def _(q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, schedule,
+      max_seq_len_kv=-1):
     H, D = q.shape[1], q.shape[2]
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast_q else q.shape[0]
     return q.new_empty((rows, H, D)), q.new_empty((H, rows), dtype=torch.float32)
+
+
+def bwd_launch(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale, window,
+               causal, broadcast_q, dk_out=None, dv_out=None):
+    """Launch the backward kernels; returns (dq, dk, dv) in the input dtype.
+
+    `o` and `lse` are the forward's outputs. For broadcast-Q, dq is `[Lq, H, D]`: the sum over the
+    batch. `max_seq_len_kv` sizes the grid and must be at least every KV length (-1: read it from
+    `kv_offsets`, one host sync); `max_seq_len_q` is not needed, the query ranges come from the
+    offsets. `dk_out`/`dv_out` let callers (tests) pass poisoned buffers so unwritten rows show;
+    dq is accumulated in a zeroed fp32 buffer and converted, so it has no such buffer."""
+    from jfa_prof.kernels import bwd
+
+    H, D = q.shape[1], q.shape[2]
+    H_kv = k.shape[1]
+    B = kv_offsets.numel() - 1
+    total_rows = o.shape[0]
+    # The kernels assume dense [rows, heads, D] layouts; autograd may hand over an expanded
+    # (stride-0) gradient. For everything else these are no-ops.
+    q, k, v, o, lse = (t.contiguous() for t in (q, k, v, o, lse))
+    do = do.to(o.dtype).contiguous()
+    if max_seq_len_kv < 0:
+        max_seq_len_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max()) if B > 0 else 0
+    delta = torch.empty((H, total_rows), dtype=torch.float32, device=q.device)
+    if total_rows > 0:
+        grid = ((total_rows + bwd.DELTA_ROWS - 1) // bwd.DELTA_ROWS, H)
+        bwd._jfa_bwd_delta[grid](o, do, delta, total_rows, H, **bwd.delta_constexprs(head_dim=D),
+                                 num_warps=bwd.DELTA_WARPS, num_stages=1)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.empty_like(k) if dk_out is None else dk_out
+    dv = torch.empty_like(v) if dv_out is None else dv_out
+    if not (dk.is_contiguous() and dv.is_contiguous() and dk.shape == k.shape and dv.shape == v.shape):
+        raise ValueError("dk_out and dv_out must be contiguous and shaped like k and v")
+    n_kv_blocks = (max_seq_len_kv + bwd.BLOCK_N - 1) // bwd.BLOCK_N
+    n_programs = B * H_kv * n_kv_blocks
+    if n_programs > 0:
+        q_off = kv_offsets if q_offsets is None or broadcast_q else q_offsets
+        constexprs = bwd.bwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
+                                        has_window=window is not None)
+        bwd._jfa_bwd[(n_programs, )](q, k, v, do, lse, delta, dq, dk, dv, q_off, kv_offsets, sm_scale, H, H // H_kv,
+                                     n_kv_blocks, q.shape[0] if broadcast_q else 0,
+                                     window if window is not None else 0, total_rows, dk.shape[1], **constexprs,
+                                     num_warps=bwd.NUM_WARPS, num_stages=bwd.NUM_STAGES)
+    return dq.to(q.dtype), dk, dv
+
+
+@torch.library.custom_op("jfa_prof::jfa_bwd", mutates_args=())
+def _jfa_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                do: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_seq_len_q: int,
+                max_seq_len_kv: int, sm_scale: float, window: int, causal: bool,
+                broadcast_q: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return bwd_launch(q, k, v, o, lse, do, None if broadcast_q else q_offsets, kv_offsets, max_seq_len_q,
+                      max_seq_len_kv, sm_scale=sm_scale, window=None if window == _NO_WINDOW else window,
+                      causal=causal, broadcast_q=broadcast_q)
+
+
+@_jfa_bwd_op.register_fake
+def _(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal,
+      broadcast_q):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    (q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, _schedule,
+     max_seq_len_kv) = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, o, lse)
+    ctx.args = (max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q)
+    # The log-sum-exp is returned for inspection and for the backward; no gradient flows through it.
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, grad_o, _grad_lse):
+    q, k, v, q_offsets, kv_offsets, o, lse = ctx.saved_tensors
+    dq, dk, dv = _jfa_bwd_op(q, k, v, o, lse, grad_o, q_offsets, kv_offsets, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+_jfa_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
 def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale=None,
@@ -122,5 +203,5 @@ def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
     q_off = q_offsets if q_offsets is not None else kv_offsets
     o, lse = _jfa_fwd_op(q, k, v, q_off, kv_offsets, int(max_seq_len_q), float(sm_scale),
                          _NO_WINDOW if window_size is None else int(window_size), bool(causal), bool(broadcast_q),
-                         schedule)
+                         schedule, int(max_seq_len_kv))
     return (o, lse) if return_lse else o

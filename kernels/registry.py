@@ -35,6 +35,7 @@ def provider(fn: Callable[[], list[KernelVariant]]) -> Callable[[], list[KernelV
 def all_variants() -> list[KernelVariant]:
     # Importing the kernel modules registers their providers.
     from jfa_prof.kernels import fwd  # noqa: F401
+    from jfa_prof.kernels import bwd  # noqa: F401
 
     out = [v for p in _PROVIDERS for v in p()]
     names = [v.name for v in out]

@@ -1,0 +1,117 @@
+"""Backward kernels against the fp32 reference's autograd on the GPU (SPEC §2).
+
+Fresh random inputs every run; dK and dV go into NaN-poisoned buffers so unwritten rows show.
+Most tests feed the backward the reference's O and log-sum-exp (`tests/bwd_cases.py`), so they
+compile backward kernels only; the end-to-end tests go through `jagged_flash_attention`.
+Shapes are small and the parametrizations few: each kernel variant costs a compile."""
+import math
+
+import pytest
+
+from tests.bwd_cases import REL_TOL, check_grads, make_case, reference, run_backward
+
+pytestmark = pytest.mark.gpu
+
+# Zero- and one-length sequences, lengths around and between multiples of the 128-key block.
+LENGTHS = [0, 1, 127, 128, 129, 300, 1000, 0, 5]
+# Jagged Q for causal: Lq != Lk both ways; Lq > Lk leaves rows that see no key.
+Q_LENGTHS = [0, 1, 200, 128, 129, 300, 10, 3, 0]
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def _check(got, ref, dtype):
+    import torch
+
+    check_grads(got, ref, dtype, getattr(torch, _DTYPES[dtype]))
+
+
+@pytest.mark.parametrize("Lq", [1, 200])
+def test_broadcast_q_gqa(cuda_device, Lq):
+    # dQ is [Lq, H, D], summed over the batch by atomics from every sequence's KV blocks.
+    q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=8, H_kv=2, D=128, Lq=Lq)
+    got, ref = run_backward(q, k, v, q_off, kv_off)
+    assert got[0].shape == q.shape
+    _check(got, ref, "bf16")
+
+
+def test_jagged_gqa(cuda_device):
+    q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=8, H_kv=2, D=128)
+    _check(*run_backward(q, k, v, q_off, kv_off), "bf16")
+
+
+@pytest.mark.parametrize("window", [0, 2, 33, 500])
+@pytest.mark.parametrize("broadcast", [True, False], ids=["bcast", "jagged"])
+def test_window(cuda_device, window, broadcast):
+    # 33: a query block edge falls exactly on the first row that sees a KV block.
+    q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=2, H_kv=1, D=64, Lq=300 if broadcast else None)
+    _check(*run_backward(q, k, v, q_off, kv_off, window=window), "bf16")
+
+
+@pytest.mark.parametrize("window", [None, 64])
+def test_jagged_causal(cuda_device, window):
+    q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=4, H_kv=2, D=128, q_lengths=Q_LENGTHS)
+    _check(*run_backward(q, k, v, q_off, kv_off, causal=True, window=window), "bf16")
+
+
+@pytest.mark.parametrize("D,dtype,broadcast", [(64, "bf16", True), (128, "fp16", True), (64, "fp16", False)])
+def test_head_dims_and_dtypes(cuda_device, D, dtype, broadcast):
+    q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=2, H_kv=2, D=D, dtype=dtype,
+                                       Lq=200 if broadcast else None)
+    _check(*run_backward(q, k, v, q_off, kv_off), dtype)
+
+
+def test_large_batch_contended_dq(cuda_device):
+    import torch
+
+    # Many sequences adding into the same few dQ rows; max_seq_len_kv=-1 reads it from the offsets.
+    lengths = torch.randint(0, 400, (600, )).tolist()
+    q, k, v, q_off, kv_off = make_case(cuda_device, lengths, H=2, H_kv=2, D=128, Lq=64)
+    _check(*run_backward(q, k, v, q_off, kv_off, max_kv=-1), "bf16")
+
+
+# ---- end to end: the op's forward and its registered backward ---------------------------------
+
+@pytest.mark.parametrize("mode", ["bcast-gqa", "jagged-causal"])
+def test_autograd_through_the_op(cuda_device, mode):
+    import torch
+
+    from jfa_prof.kernels.attention import jagged_flash_attention
+
+    if mode == "bcast-gqa":
+        q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=4, H_kv=1, D=128, Lq=130)
+        kw = dict(broadcast_q=True)
+        max_q = q.shape[0]
+    else:
+        q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=2, H_kv=2, D=128, q_lengths=Q_LENGTHS)
+        kw = dict(causal=True)
+        max_q = max(Q_LENGTHS)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o, lse = jagged_flash_attention(q, k, v, q_off, kv_off, max_q, max(LENGTHS), return_lse=True, **kw)
+    assert not lse.requires_grad
+    do = torch.randn_like(o)
+    got = torch.autograd.grad(o, (q, k, v), do)
+    o_ref, _, ref = reference(q, k, v, q_off, kv_off, do, causal=kw.get("causal", False))
+    assert (o.float() - o_ref).norm() <= REL_TOL["bf16"] * o_ref.norm()
+    _check(got, ref, "bf16")
+    # A loss that also reads the log-sum-exp still differentiates (lse contributes nothing).
+    loss = o.float().square().sum() + lse[torch.isfinite(lse)].sum()
+    dq, = torch.autograd.grad(loss, (q, ))
+    assert torch.isfinite(dq).all()
+
+
+def test_backward_is_deterministic_in_dk_dv(cuda_device):
+    import torch
+
+    from jfa_prof.kernels.attention import bwd_launch
+
+    # dK/dV are plain sums inside one program: bitwise repeatable. dQ's atomics are not ordered,
+    # so only its value is checked (above), not its bits.
+    q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=2, H_kv=2, D=128, Lq=200)
+    do = torch.randn(kv_off.numel() - 1, *q.shape, device=cuda_device).flatten(0, 1).to(q.dtype)
+    o, lse, _ = reference(q, k, v, q_off, kv_off, do)
+    args = (q, k, v, o.to(q.dtype), lse, do, None, kv_off, q.shape[0], max(LENGTHS))
+    kw = dict(sm_scale=1 / math.sqrt(q.shape[2]), window=None, causal=False, broadcast_q=True)
+    _, dk0, dv0 = bwd_launch(*args, **kw)
+    _, dk1, dv1 = bwd_launch(*args, **kw)
+    assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)

@@ -1,0 +1,57 @@
+"""The backward kernels' math on the CPU: Triton's interpreter runs the real kernel source (masks,
+query-block ranges, GQA loop, dQ atomics) against the fp32 reference's autograd.
+
+What it cannot see is anything the GPU compile decides (layouts, wgmma, async copies); the GPU
+tests cover that. The interpreter is picked when the kernels are decorated, so the cases run in
+a child process (`tests/bwd_cases.py`)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bwd_cases import assert_errors
+
+pytest.importorskip("triton")
+pytest.importorskip("torch")
+
+LENGTHS = [0, 1, 127, 128, 129, 300, 0, 5]
+Q_LENGTHS = [0, 1, 200, 128, 129, 300, 10, 3]  # Lq != Lk, and rows with no key under causal
+
+CASES = [
+    # broadcast-Q, GQA 4:1, D=128: dQ is summed over the batch, several query blocks per key block
+    dict(lengths=LENGTHS, H=8, H_kv=2, D=128, Lq=150),
+    # a window of 33 puts row 95 / key 128 on a block boundary of the query range
+    dict(lengths=LENGTHS, H=2, H_kv=1, D=64, Lq=200, window=33),
+    dict(lengths=LENGTHS, H=2, H_kv=1, D=64, window=1, dtype="fp16"),
+    # causal bottom-right with unequal lengths, with and without a window
+    dict(lengths=LENGTHS, H=2, H_kv=2, D=64, q_lengths=Q_LENGTHS, causal=True),
+    dict(lengths=LENGTHS, H=2, H_kv=1, D=64, q_lengths=Q_LENGTHS, causal=True, window=64, dtype="fp16"),
+    # window 0: one key per row, so dQ = dK = 0 exactly
+    dict(lengths=LENGTHS, H=2, H_kv=2, D=64, window=0),
+    # nothing but empty sequences
+    dict(lengths=[0, 0], H=2, H_kv=2, D=64, Lq=33),
+]
+
+
+@pytest.fixture(scope="module")
+def results():
+    script = Path(__file__).with_name("bwd_cases.py")
+    run = subprocess.run([sys.executable, str(script), json.dumps(CASES)], capture_output=True, text=True,
+                         timeout=600, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stderr[-4000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(CASES), run.stdout[-4000:]
+    return lines
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[
+    "bcast-gqa-d128", "bcast-window33", "jagged-window1-fp16", "causal", "causal-window-fp16", "window0",
+    "all-empty"])
+def test_backward_matches_reference_in_interpreter(results, i):
+    dtype = CASES[i].get("dtype", "bf16")
+    for name, errors in results[i].items():
+        assert errors["dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+        assert errors["shape_ok"]
+        assert_errors(name, errors, dtype)

@@ -1,0 +1,141 @@
+"""The investigation notebooks in notebooks/: stored clean, written against the public API, and
+executed here with nbclient on the recorded data (LIVE=False), so that a conclusion whose data
+changed fails its assertion instead of going stale."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+RESULTS = ROOT / "benchmarks" / "results"
+# The slowest cell compiles four kernel variants from cold: a minute or two on two cores.
+CELL_TIMEOUT_S = 900
+
+
+def _read(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def _parameters(nb):
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, "one cell tagged 'parameters'"
+    return cells[0]
+
+
+def set_parameters(nb, **values):
+    """Rewrite ``NAME = ...`` lines of the parameters cell, as papermill would inject them."""
+    cell = _parameters(nb)
+    for name, value in values.items():
+        cell.source, n = re.subn(rf"(?m)^{name} = .*$", f"{name} = {value!r}", cell.source)
+        assert n == 1, f"no single-line parameter {name} in {cell.source!r}"
+    return nb
+
+
+def execute(path: Path, **params):
+    """The notebook run top to bottom in its own directory, as Jupyter would; the executed copy."""
+    nb = set_parameters(_read(path), LIVE=False, **params)
+    nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute()
+    return nb
+
+
+def markdown_outputs(nb) -> str:
+    return "\n".join(o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if "text/markdown" in o.get("data", {}))
+
+
+def test_there_are_four_investigations():
+    assert [p.stem for p in NOTEBOOKS] == ["01_load_imbalance", "02_registers_and_spills", "03_time_breakdown",
+                                           "04_vs_flashattention4"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_stored_without_outputs(path):
+    nb = _read(path)
+    nbformat.validate(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: outputs stored"
+    assert re.search(r"(?m)^LIVE = None\b", _parameters(nb).source), "live when a GPU is present, by default"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_uses_only_the_public_library_api(path):
+    for cell in _read(path).cells:
+        if cell.cell_type != "code":
+            continue
+        tree = ast.parse(cell.source)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                for m in modules:
+                    assert not any(part.startswith("_") for part in m.split(".")), f"{path.name}: imports {m}"
+                    # Command modules are CLI wiring; notebooks call the library they wire.
+                    assert not m.startswith("jfa_prof.commands"), f"{path.name}: imports {m}"
+                if isinstance(node, ast.ImportFrom):
+                    private = [a.name for a in node.names if a.name.startswith("_")]
+                    assert not private, f"{path.name}: imports {private} from {node.module}"
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                raise AssertionError(f"{path.name}: uses the private attribute .{node.attr}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_on_the_recorded_data(path):
+    nb = execute(path)
+    conclusions = markdown_outputs(nb)
+    assert conclusions, f"{path.name} printed no computed conclusion"
+    assert "**" in conclusions
+
+
+def _results_copy(tmp_path: Path, *patterns: str) -> Path:
+    d = tmp_path / "results"
+    d.mkdir()
+    for pattern in patterns:
+        for f in RESULTS.glob(pattern):
+            shutil.copy(f, d / f.name)
+    return d
+
+
+def _waterfall_file(path: Path, *, date: str, baseline: float) -> Path:
+    """A cumulative forward waterfall record as `jfa-prof waterfall --save` writes it."""
+    from jfa_prof.ablations import WaterfallRecord
+    from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
+
+    steps = [("no_o_store", 0.031, 0.031), ("no_exp", 0.102, 0.128), ("reuse_kv", 0.214, 0.371),
+             ("no_mask", 0.0004, 0.372)]
+    timings = WaterfallTimings(
+        baseline_ms=baseline, baseline_repeat_ms=baseline + 0.0021, pass_="fwd",
+        ablations=tuple(AblationTiming(n, f"removes {n}", baseline - alone, baseline - cum, 1 << i)
+                        for i, (n, alone, cum) in enumerate(steps)))
+    rec = WaterfallRecord(timings=timings, workload={"label": "hsp Lq=256 max=2048 s=0.5"}, schedule="lpt",
+                          meta={"gpu": "NVIDIA H200", "date": date}, flops=536800133120.0)
+    path.write_text(json.dumps(rec.to_dict()))
+    return path
+
+
+def test_time_breakdown_says_when_no_waterfall_is_recorded(tmp_path):
+    results = _results_copy(tmp_path, "profile_overhead_*.json", "launch_overhead_*.json")
+    text = markdown_outputs(execute(NOTEBOOK_DIR / "03_time_breakdown.ipynb", RESULTS_DIR=str(results)))
+    assert "No waterfall recording is available" in text
+    assert "Most of the overhead is around the kernel" in text  # the other sections still ran
+
+
+def test_time_breakdown_reads_the_newest_waterfall(tmp_path):
+    results = _results_copy(tmp_path, "profile_overhead_*.json", "launch_overhead_*.json")
+    _waterfall_file(results / "waterfall_h200_old.json", date="2026-11-01T00:00:00+00:00", baseline=2.0)
+    _waterfall_file(results / "waterfall_h200_new.json", date="2026-12-01T00:00:00+00:00", baseline=1.2898)
+    text = markdown_outputs(execute(NOTEBOOK_DIR / "03_time_breakdown.ipynb", RESULTS_DIR=str(results)))
+    assert "No waterfall recording" not in text
+    assert "baseline 1.2898 ms" in text
+    assert "The largest is **reuse_kv**" in text
+    assert "Within the noise: no_mask." in text

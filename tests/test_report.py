@@ -1,0 +1,229 @@
+"""``jfa-prof report``: gathering (jfa_prof.report), the page (jfa_prof.render.report), the command,
+and the page rendered by a real browser (headless Chromium; skipped where there is none)."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jfa_prof.ablations import WaterfallRecord
+from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
+from jfa_prof.cli import app
+from jfa_prof.errors import BadInputError
+from jfa_prof.render import report as page
+from jfa_prof.report import (SCHEDULE_ORDER, bundled_schedule_traces, gather, newest_result, results_dir)
+
+ROOT = Path(__file__).resolve().parents[1]
+NCU = [ROOT / "tests/data/ncu/fwd_lpt.ncu-rep", ROOT / "tests/data/ncu/fwd_dynamic.ncu-rep"]
+BENCH = ROOT / "benchmarks/results/fwd_hsp_h200_2026-11-30.json"
+runner = CliRunner()
+
+
+def write_waterfall(path: Path, *, date: str = "2026-11-30T06:00:00+00:00", baseline: float = 1.2898) -> Path:
+    """A cumulative forward waterfall as `jfa-prof waterfall --save` writes it (times invented)."""
+    steps = [("no_o_store", 0.031, 0.031), ("no_exp", 0.102, 0.128), ("reuse_kv", 0.214, 0.371),
+             ("no_mask", 0.012, 0.380)]
+    timings = WaterfallTimings(
+        baseline_ms=baseline, baseline_repeat_ms=baseline + 0.0021, pass_="fwd",
+        ablations=tuple(AblationTiming(name, f"removes {name}", baseline - alone, baseline - cum, 1 << i)
+                        for i, (name, alone, cum) in enumerate(steps)))
+    rec = WaterfallRecord(timings=timings, workload={"label": "hsp Lq=256 max=2048 s=0.5", "B": 1024},
+                          schedule="lpt", meta={"gpu": "NVIDIA H200", "date": date}, flops=536800133120.0)
+    path.write_text(json.dumps(rec.to_dict()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory):
+    wf = write_waterfall(tmp_path_factory.mktemp("wf") / "waterfall_h200.json")
+    return gather(ncu=NCU, bench=BENCH, waterfall=wf)
+
+
+@pytest.fixture(scope="module")
+def full_html(full_report):
+    return page.report_html(full_report)
+
+
+# ---- gathering -------------------------------------------------------------------------------
+
+def test_without_traces_on_a_cpu_the_bundled_recordings_are_used_and_said_to_be(full_report):
+    assert full_report.origin == "bundled"
+    assert "bundled" in full_report.source and "not live" in full_report.source
+    assert [r.trace.schedule for r in full_report.traces] == list(SCHEDULE_ORDER)
+    assert full_report.sections() == ["environment", "heatmap", "barriers", "ncu", "waterfall", "bench"]
+
+
+def test_traces_share_one_time_axis_and_carry_their_analyses(full_report):
+    ends = {float(r.occupancy.edges_ns[-1]) for r in full_report.traces}
+    assert ends == {max(r.trace.makespan_ns for r in full_report.traces)}
+    for r in full_report.traces:
+        assert r.imbalance.n_tiles == len(r.trace.tiles)
+        assert r.prediction is not None and r.prediction.schedule == r.trace.schedule
+        assert r.barriers is not None and len(r.barriers.table)
+
+
+def test_bundled_traces_filter_by_workload():
+    assert {tr.workload_label for tr in bundled_schedule_traces(Lq=256, sparsity=0.1)} == {"hsp Lq=256 max=2048 s=0.1"}
+    with pytest.raises(BadInputError, match="Lq=999"):
+        bundled_schedule_traces(Lq=999)
+
+
+def test_given_trace_files_replace_the_bundled_ones():
+    files = sorted((ROOT / "tests/data/traces").glob("*.jfatrace"))
+    rep = gather(traces=files, environment=False, predict=False)
+    assert rep.origin == "files"
+    assert [r.trace.schedule for r in rep.traces] == ["static", "lpt", "dynamic"]
+    # The level-1 recording has no barrier waits; the page says so instead of showing a table.
+    level1 = next(r for r in rep.traces if r.trace.meta.get("profile_level") == 1)
+    assert level1.barriers is None
+    assert "level-1 recordings carry tile records only" in page.report_html(rep)
+
+
+def test_newest_result_goes_by_the_recorded_date_not_the_name(tmp_path):
+    write_waterfall(tmp_path / "waterfall_b.json", date="2026-11-29T10:00:00+00:00")
+    write_waterfall(tmp_path / "waterfall_a.json", date="2026-12-01T10:00:00+00:00")
+    undated = tmp_path / "waterfall_z.json"
+    undated.write_text("not json")  # dated by its modification time
+    stamp = datetime.datetime(2027, 1, 1, tzinfo=datetime.timezone.utc).timestamp()
+    os.utime(undated, (stamp, stamp))
+    assert newest_result("waterfall_*.json", tmp_path).name == "waterfall_z.json"
+    assert newest_result("waterfall_*.json", tmp_path, accept=lambda p: p.name != "waterfall_z.json").name == \
+        "waterfall_a.json"
+    assert newest_result("bench_*.json", tmp_path) is None
+    assert newest_result("*.json", tmp_path / "missing") is None
+    assert results_dir() == ROOT / "benchmarks" / "results"
+
+
+# ---- the page ------------------------------------------------------------------------------
+
+def test_plotly_js_is_inlined_once_and_nothing_is_fetched(full_report, full_html):
+    names = [n for n, _ in page.figures(full_report)]
+    assert names == ["heatmap", "finish", "waterfall", "bench-fwd"]
+    assert full_html.count("* plotly.js v") == 1
+    assert full_html.count("Plotly.newPlot(") == len(names)
+    assert full_html.count(f'class="{page.FIGURE_CLASS}"') == len(names)
+    assert not re.search(r"<script[^>]+src=", full_html)
+    assert not re.search(r'<link[^>]+href="http', full_html)
+
+
+def test_the_page_says_where_its_traces_come_from(full_report, full_html):
+    header = full_html[full_html.index("<header>"):full_html.index("</header>")]
+    assert 'class="source bundled"' in header and "not live" in header
+    for r in full_report.traces:
+        assert r.trace.path.name in header
+
+
+def test_tables_are_the_ones_the_commands_print(full_report, full_html):
+    text = re.sub(r"<[^>]+>", "", full_html)
+    for r in full_report.traces:
+        im = r.imbalance
+        assert f"{im.makespan_ns / 1e3:,.1f} µs" in text
+        assert f"{100 * im.idle_fraction:.1f}%" in text
+        top = r.barriers.table.iloc[0]
+        assert f"barrier waits · {r.label}" in text and str(top.site) in text
+    assert "prediction vs measurement" in text
+    assert "local loads/thread" in text and "B is 4.2% faster" in text  # ncu: both reports, then B against A
+    assert "no_o_store" in text and "noise" in text  # the waterfall table
+    assert "fwd TFLOPS" in text and "fa4" in text  # the bench summary
+    assert "compile-only" in text or "live" in text  # doctor's verdict
+
+
+def test_finish_figure_sorts_each_trace_latest_first(full_report):
+    fig = page.finish_figure(full_report.traces).to_dict()
+    assert [t["name"] for t in fig["data"]] == [r.label for r in full_report.traces]
+    for trace, r in zip(fig["data"], full_report.traces):
+        y = list(trace["y"])
+        assert y == sorted(y, reverse=True)
+        assert y[0] == pytest.approx(r.trace.makespan_ns / 1e3)
+
+
+def test_spills_section_compiles_the_named_variants():
+    rep = gather(spills=True, variants=["fwd/bcast/bf16/d128/lpt/peel/noprof"], environment=False, predict=False)
+    assert list(rep.spills["variant"]) == ["fwd/bcast/bf16/d128/lpt/peel/noprof"]
+    html = page.report_html(rep)
+    assert "Registers and spills" in html and "fwd/bcast/bf16/d128/lpt/pe" in html
+    with pytest.raises(BadInputError, match="unknown kernel variant"):
+        gather(spills=True, variants=["fwd/nope"], environment=False, predict=False)
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+def test_report_command_without_arguments_uses_the_bundled_recordings(tmp_path):
+    out = tmp_path / "report.html"
+    result = runner.invoke(app, ["report", "-o", str(out), "--no-doctor"])
+    assert result.exit_code == 0, result.output
+    assert "bundled H200 recordings (not live" in result.stdout
+    assert f"wrote {out}" in result.stdout
+    assert out.read_text().count("Plotly.newPlot(") == 2
+
+
+def test_report_command_json(tmp_path):
+    out = tmp_path / "r.html"
+    wf = write_waterfall(tmp_path / "wf.json")
+    result = runner.invoke(app, ["report", "-o", str(out), "--no-doctor", "--no-predict", "--bins", "50",
+                                 "--ncu", str(NCU[0]), "--waterfall", str(wf), "--bench", str(BENCH), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["html"] == str(out) and data["origin"] == "bundled"
+    assert data["sections"] == ["heatmap", "barriers", "ncu", "waterfall", "bench"]
+    assert data["figures"] == ["heatmap", "finish", "waterfall", "bench-fwd"]
+    assert data["bytes"] == out.stat().st_size
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ncu", "missing.ncu-rep"], "--ncu missing.ncu-rep: no such file"),
+    (["--variant", "fwd/*"], "--variant chooses what --spills compiles"),
+    (["--lq", "999"], "no bundled recording for Lq=999"),
+])
+def test_report_command_rejects_bad_input(tmp_path, args, message):
+    result = runner.invoke(app, ["report", "-o", str(tmp_path / "r.html"), "--no-doctor", *args])
+    assert result.exit_code == BadInputError.exit_code, result.output
+    assert message in result.output
+
+
+def test_a_file_that_is_no_waterfall_is_bad_input(tmp_path):
+    bogus = tmp_path / "w.json"
+    bogus.write_text("{}")
+    result = runner.invoke(app, ["report", "-o", str(tmp_path / "r.html"), "--no-doctor", "--waterfall", str(bogus)])
+    assert result.exit_code == BadInputError.exit_code
+    assert "not a recorded waterfall" in result.output
+
+
+# ---- in a browser ----------------------------------------------------------------------------
+
+def _chromium() -> str | None:
+    for name in (os.environ.get("JFA_PROF_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def test_report_renders_in_a_browser(tmp_path, full_report):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("needs headless Chromium: `apt-get install -y chromium` (scripts/install.sh does it with "
+                    "JFA_PROF_BROWSER_TESTS=1), or set JFA_PROF_CHROMIUM to a Chrome/Chromium binary")
+    path = page.write_report(full_report, tmp_path / "report.html")
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         "--enable-logging=stderr", "--v=0",
+         # Lets the page's scripts run to the end before the DOM is dumped.
+         "--virtual-time-budget=30000", "--dump-dom", path.as_uri()],
+        capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    dom = proc.stdout
+    n = len(page.figures(full_report))
+    starts = [m.start() for m in re.finditer(r'<div[^>]*id="fig-\d+"', dom)]
+    assert len(starts) == n, f"{len(starts)} figure divs in the DOM, expected {n}"
+    for i, (a, b) in enumerate(zip(starts, starts[1:] + [len(dom)]), 1):
+        # plotly draws each figure as <svg class="main-svg"> layers inside its div.
+        assert 'class="main-svg"' in dom[a:b], f"figure {i} was not drawn"
+    assert "Uncaught" not in proc.stderr, [line for line in proc.stderr.splitlines() if "Uncaught" in line]
