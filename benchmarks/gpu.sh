@@ -40,10 +40,11 @@ flex() {  # FlexAttention compiles per point (tens of seconds), so two HSP point
     --label "hsp Lq=256 max=2048 s=0.5" --out "$OUT/bench_fwd_hsp_flex.json" 2>&1 | grep -v Warning | tail -8
 }
 waterfall() {  # what each piece of the forward costs, on three HSP points
-  for pt in ${WATERFALL_POINTS:-"256 2048 0.5" "256 2048 0.1" "128 1024 0.9"}; do
-    set -- $pt
-    python -m jfa_prof waterfall --pass fwd --lq "$1" --max-kv "$2" --sparsity "$3" --cumulative \
-      --save "$OUT/waterfall_hsp_lq$1_kv$2_s$3.json" 2>&1 | grep -v Warning | tail -14
+  # Points as Lq,max_kv,sparsity, space-separated.
+  for pt in ${WATERFALL_POINTS:-256,2048,0.5 256,2048,0.1 128,1024,0.9}; do
+    IFS=, read -r lq kv s <<< "$pt"
+    python -m jfa_prof waterfall --pass fwd --lq "$lq" --max-kv "$kv" --sparsity "$s" --cumulative \
+      --save "$OUT/waterfall_hsp_lq${lq}_kv${kv}_s$s.json" 2>&1 | grep -v Warning | tail -14
   done
 }
 ncu() {  # hardware counters of the forward, LPT vs dynamic
