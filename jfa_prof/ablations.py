@@ -13,14 +13,13 @@ timing of the host, in which no ablation shows.
 from __future__ import annotations
 
 import importlib
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
-from jfa_prof.errors import BadInputError, JfaProfError
+from jfa_prof.errors import BadInputError, JfaProfError, read_json_file
 
 __all__ = ["KERNEL_MODULES", "PASSES", "RECORD_KIND", "Ablation", "WaterfallRecord", "ablation_plan",
            "available_ablations", "load_waterfall", "make_launcher", "measure_waterfall", "n_steps", "workload_dict"]
@@ -217,12 +216,7 @@ def workload_dict(x) -> dict[str, Any]:
 def load_waterfall(path: str | Path) -> WaterfallRecord:
     """A waterfall written by ``jfa-prof waterfall --save`` or ``--json``."""
     path = Path(path)
-    try:
-        d = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInputError(f"{path} does not exist") from None
-    except (OSError, ValueError) as e:
-        raise BadInputError(f"{path} is not a JSON file: {e}") from None
+    d = read_json_file(path, "a recorded waterfall")
     if not isinstance(d, dict) or d.get("kind") != RECORD_KIND or "timings" not in d:
         raise BadInputError(f"{path} is not a recorded waterfall",
                             hint="write one with `jfa-prof waterfall --save FILE` on a GPU")

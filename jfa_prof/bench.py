@@ -18,13 +18,12 @@ reads these and the earlier files that kept ``meta`` only at the top.
 from __future__ import annotations
 
 import importlib
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from jfa_prof.errors import BadInputError, JfaProfError
+from jfa_prof.errors import BadInputError, JfaProfError, read_json_file
 
 __all__ = ["PEERS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
            "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status", "rel_err",
@@ -701,12 +700,7 @@ def load_results(path: str | Path) -> BenchResults:
     only, no best peer): records get the top-level ``meta``, and TFLOPS and ratios are
     filled in where the file lacks them, so both read the same."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInputError(f"{path} does not exist") from None
-    except (OSError, ValueError) as e:
-        raise BadInputError(f"{path} is not a JSON file: {e}") from None
+    doc = read_json_file(path, "a bench result file")
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise BadInputError(f"{path} is not a bench result file (no \"results\" list)",
                             hint="write one with `jfa-prof bench --out FILE`")

@@ -45,3 +45,18 @@ class TlxUnavailableError(JfaProfError):
     """``triton.language.extra.tlx`` does not import: fbtriton missing or clobbered by upstream."""
 
     exit_code = 5
+
+
+def read_json_file(path, what: str, hint: str | None = None):
+    """A JSON document from `path`; BadInputError naming `what` was expected when it is missing
+    or not JSON, so every result reader fails the same clear way."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInputError(f"{path} does not exist", hint=hint) from None
+    except (OSError, ValueError) as e:
+        raise BadInputError(f"{path} is not a JSON file ({what} expected): {e}", hint=hint) from None
