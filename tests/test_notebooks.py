@@ -4,12 +4,13 @@ changed fails its assertion instead of going stale."""
 from __future__ import annotations
 
 import ast
-import json
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+
+from tests.resultgen import STEPS, write_waterfall
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -106,23 +107,6 @@ def _results_copy(tmp_path: Path, *patterns: str) -> Path:
     return d
 
 
-def _waterfall_file(path: Path, *, date: str, baseline: float) -> Path:
-    """A cumulative forward waterfall record as `jfa-prof waterfall --save` writes it."""
-    from jfa_prof.ablations import WaterfallRecord
-    from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
-
-    steps = [("no_o_store", 0.031, 0.031), ("no_exp", 0.102, 0.128), ("reuse_kv", 0.214, 0.371),
-             ("no_mask", 0.0004, 0.372)]
-    timings = WaterfallTimings(
-        baseline_ms=baseline, baseline_repeat_ms=baseline + 0.0021, pass_="fwd",
-        ablations=tuple(AblationTiming(n, f"removes {n}", baseline - alone, baseline - cum, 1 << i)
-                        for i, (n, alone, cum) in enumerate(steps)))
-    rec = WaterfallRecord(timings=timings, workload={"label": "hsp Lq=256 max=2048 s=0.5"}, schedule="lpt",
-                          meta={"gpu": "NVIDIA H200", "date": date}, flops=536800133120.0)
-    path.write_text(json.dumps(rec.to_dict()))
-    return path
-
-
 def test_time_breakdown_says_when_no_waterfall_is_recorded(tmp_path):
     results = _results_copy(tmp_path, "profile_overhead_*.json", "launch_overhead_*.json")
     text = markdown_outputs(execute(NOTEBOOK_DIR / "03_time_breakdown.ipynb", RESULTS_DIR=str(results)))
@@ -132,8 +116,11 @@ def test_time_breakdown_says_when_no_waterfall_is_recorded(tmp_path):
 
 def test_time_breakdown_reads_the_newest_waterfall(tmp_path):
     results = _results_copy(tmp_path, "profile_overhead_*.json", "launch_overhead_*.json")
-    _waterfall_file(results / "waterfall_h200_old.json", date="2026-11-01T00:00:00+00:00", baseline=2.0)
-    _waterfall_file(results / "waterfall_h200_new.json", date="2026-12-01T00:00:00+00:00", baseline=1.2898)
+    # no_mask saves less than the noise (0.0021 ms) here, so the notebook must say so.
+    steps = STEPS[:3] + (("no_mask", 0.0004, 0.372), )
+    write_waterfall(results / "waterfall_h200_old.json", date="2026-11-01T00:00:00+00:00", baseline=2.0, steps=steps)
+    write_waterfall(results / "waterfall_h200_new.json", date="2026-12-01T00:00:00+00:00", baseline=1.2898,
+                    steps=steps)
     text = markdown_outputs(execute(NOTEBOOK_DIR / "03_time_breakdown.ipynb", RESULTS_DIR=str(results)))
     assert "No waterfall recording" not in text
     assert "baseline 1.2898 ms" in text

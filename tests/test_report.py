@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from jfa_prof.ablations import WaterfallRecord
-from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
 from jfa_prof.cli import app
+from tests.resultgen import write_waterfall
 from jfa_prof.errors import BadInputError
 from jfa_prof.render import report as page
 from jfa_prof.report import (SCHEDULE_ORDER, bundled_schedule_traces, gather, newest_result, results_dir)
@@ -24,20 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NCU = [ROOT / "tests/data/ncu/fwd_lpt.ncu-rep", ROOT / "tests/data/ncu/fwd_dynamic.ncu-rep"]
 BENCH = ROOT / "benchmarks/results/fwd_hsp_h200_2026-11-30.json"
 runner = CliRunner()
-
-
-def write_waterfall(path: Path, *, date: str = "2026-11-30T06:00:00+00:00", baseline: float = 1.2898) -> Path:
-    """A cumulative forward waterfall as `jfa-prof waterfall --save` writes it (times invented)."""
-    steps = [("no_o_store", 0.031, 0.031), ("no_exp", 0.102, 0.128), ("reuse_kv", 0.214, 0.371),
-             ("no_mask", 0.012, 0.380)]
-    timings = WaterfallTimings(
-        baseline_ms=baseline, baseline_repeat_ms=baseline + 0.0021, pass_="fwd",
-        ablations=tuple(AblationTiming(name, f"removes {name}", baseline - alone, baseline - cum, 1 << i)
-                        for i, (name, alone, cum) in enumerate(steps)))
-    rec = WaterfallRecord(timings=timings, workload={"label": "hsp Lq=256 max=2048 s=0.5", "B": 1024},
-                          schedule="lpt", meta={"gpu": "NVIDIA H200", "date": date}, flops=536800133120.0)
-    path.write_text(json.dumps(rec.to_dict()))
-    return path
 
 
 @pytest.fixture(scope="module")
