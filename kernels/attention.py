@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from jfa_prof import records
-from jfa_prof.schedule import fwd_work_list
+from jfa_prof.errors import BadInputError
+from jfa_prof.schedule import WorkList, fwd_work_list
 from jfa_prof.validation import validate_attention_inputs
 
 _NO_WINDOW = -1  # custom ops take plain ints: -1 stands for "no window"
@@ -88,6 +89,50 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     return o, lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work)
 
 
+@dataclass(frozen=True)
+class AttentionPlan:
+    """A forward work list built once for one batch's offsets and reused by every attention layer
+    that sees them (the list depends on the offsets and the mask, not on Q, K or V)."""
+    work: WorkList
+    schedule: str
+    H: int
+    window: int | None
+    causal: bool
+    broadcast_q: bool
+    max_seq_len_q: int
+    kv_offsets_ptr: int  # the plan belongs to the offsets tensor it was built from
+
+
+def plan_attention(kv_offsets, q_offsets=None, *, max_seq_len_q: int, H: int, window_size=None, causal=False,
+                   broadcast_q=False, schedule="lpt", n_ctas=None) -> AttentionPlan:
+    """Build the forward's work list on the offsets' device (no host sync) for `jagged_flash_attention(...,
+    plan=)`. For broadcast-Q, `max_seq_len_q` is Lq."""
+    from jfa_prof.kernels import fwd
+
+    if n_ctas is None:
+        n_ctas = torch.cuda.get_device_properties(kv_offsets.device).multi_processor_count
+    work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, max_seq_len_q if broadcast_q else None, H,
+                         max_seq_len_q, block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=window_size, causal=causal,
+                         schedule=schedule, n_ctas=n_ctas)
+    return AttentionPlan(work, schedule, H, window_size, bool(causal), bool(broadcast_q), int(max_seq_len_q),
+                         kv_offsets.data_ptr())
+
+
+def _check_plan(plan: AttentionPlan, kv_offsets, *, H, window_size, causal, broadcast_q, schedule,
+                max_seq_len_q) -> None:
+    """A plan built for other offsets, heads, mask or schedule would visit the wrong tiles."""
+    if kv_offsets.data_ptr() != plan.kv_offsets_ptr:
+        raise BadInputError("plan was built for another kv_offsets tensor",
+                            hint="build one plan per batch with plan_attention(kv_offsets, ...) and pass that "
+                                 "same kv_offsets tensor to every layer")
+    wanted = {"H": H, "window": window_size, "causal": bool(causal), "broadcast_q": bool(broadcast_q),
+              "schedule": schedule, "max_seq_len_q": int(max_seq_len_q)}
+    for name, value in wanted.items():
+        if getattr(plan, name) != value:
+            raise BadInputError(f"plan was built with {name}={getattr(plan, name)!r}, this call has {name}={value!r}",
+                                hint="build the plan with plan_attention(...) and the same arguments")
+
+
 def _profile_level(profile) -> int:
     return 2 if profile is True else int(profile)
 
@@ -95,17 +140,21 @@ def _profile_level(profile) -> int:
 @torch.library.custom_op("jfa_prof::jfa_fwd", mutates_args=())
 def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
                 kv_offsets: torch.Tensor, max_seq_len_q: int, sm_scale: float, window: int, causal: bool,
-                broadcast_q: bool, schedule: str, max_seq_len_kv: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+                broadcast_q: bool, schedule: str, max_seq_len_kv: int = -1, work_tiles: torch.Tensor | None = None,
+                work_n: torch.Tensor | None = None, work_m_blocks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     # max_seq_len_kv is unused here: it sizes the backward's grid (-1: read from the offsets then).
+    # work_*: a plan's work list (tiles, n_work, query blocks per head), or None to build one here.
+    work = None if work_tiles is None else WorkList(tiles=work_tiles, n_work=work_n, costs=None,
+                                                    n_m_blocks=work_m_blocks)
     o, lse, _, _ = fwd_launch(q, k, v, None if broadcast_q else q_offsets, kv_offsets, max_seq_len_q,
                               sm_scale=sm_scale, window=None if window == _NO_WINDOW else window, causal=causal,
-                              broadcast_q=broadcast_q, schedule=schedule)
+                              broadcast_q=broadcast_q, schedule=schedule, work=work)
     return o, lse
 
 
 @_jfa_fwd_op.register_fake
 def _(q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, schedule,
-      max_seq_len_kv=-1):
+      max_seq_len_kv=-1, work_tiles=None, work_n=None, work_m_blocks=0):
     H, D = q.shape[1], q.shape[2]
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast_q else q.shape[0]
     return q.new_empty((rows, H, D)), q.new_empty((H, rows), dtype=torch.float32)
@@ -173,7 +222,7 @@ def _(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, _schedule,
-     max_seq_len_kv) = inputs
+     max_seq_len_kv, _work_tiles, _work_n, _work_m_blocks) = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, o, lse)
     ctx.args = (max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q)
@@ -184,7 +233,7 @@ def _fwd_setup_context(ctx, inputs, output):
 def _fwd_backward(ctx, grad_o, _grad_lse):
     q, k, v, q_offsets, kv_offsets, o, lse = ctx.saved_tensors
     dq, dk, dv = _jfa_bwd_op(q, k, v, o, lse, grad_o, q_offsets, kv_offsets, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    return (dq, dk, dv) + (None, ) * 12
 
 
 _jfa_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -192,16 +241,22 @@ _jfa_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale=None,
                            window_size=None, causal=False, broadcast_q=False, schedule="lpt", validate=True,
-                           return_lse=False):
+                           return_lse=False, plan: AttentionPlan | None = None):
     """Attention over packed variable-length sequences (SPEC §2).
 
-    `validate=False` skips the checks that read offsets values (one host sync on a GPU)."""
+    `validate=False` skips the checks that read offsets values (one host sync on a GPU). `plan`
+    (from `plan_attention`) reuses a work list built once for these offsets; without it the call
+    builds one (a few small kernels). Both together give the kernel's own speed."""
     validate_attention_inputs(q, k, v, q_offsets, kv_offsets, broadcast_q=broadcast_q, causal=causal,
                               window_size=window_size, sm_scale=sm_scale, check_values=validate)
+    if plan is not None:
+        _check_plan(plan, kv_offsets, H=q.shape[1], window_size=window_size, causal=causal, broadcast_q=broadcast_q,
+                    schedule=schedule, max_seq_len_q=q.shape[0] if broadcast_q else max_seq_len_q)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     q_off = q_offsets if q_offsets is not None else kv_offsets
     o, lse = _jfa_fwd_op(q, k, v, q_off, kv_offsets, int(max_seq_len_q), float(sm_scale),
                          _NO_WINDOW if window_size is None else int(window_size), bool(causal), bool(broadcast_q),
-                         schedule, int(max_seq_len_kv))
+                         schedule, int(max_seq_len_kv), None if plan is None else plan.work.tiles,
+                         None if plan is None else plan.work.n_work, 0 if plan is None else plan.work.n_m_blocks)
     return (o, lse) if return_lse else o
