@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from jfa_prof import ncu_metrics
+from jfa_prof.analyses import compare
 from jfa_prof.errors import BadInputError, ToolMissingError
 
 __all__ = [
@@ -323,24 +324,8 @@ def stall_breakdown(kernel: NcuKernel) -> pd.DataFrame:
 
 
 @dataclass(frozen=True)
-class MetricDelta:
-    metric: str
-    a: float | None
-    b: float | None
-
-    @property
-    def delta(self) -> float | None:
-        """``b - a``; None when either side is missing."""
-        if self.a is None or self.b is None:
-            return None
-        return self.b - self.a
-
-    @property
-    def relative(self) -> float | None:
-        """``(b - a) / a``; None when either is missing or A is zero."""
-        if self.delta is None or self.a == 0:
-            return None
-        return self.delta / self.a
+class MetricDelta(compare.MetricDelta):
+    """A metric delta that knows which direction is better for that ncu metric."""
 
     @property
     def improved(self) -> bool | None:

@@ -17,6 +17,8 @@ from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 import pandas as pd
 
+from jfa_prof.analyses.compare import MetricDelta
+
 __all__ = [
     "METRICS",
     "MetricDelta",
@@ -110,20 +112,6 @@ def spill_table(resources: Iterable[VariantResources]) -> pd.DataFrame:
         df[col] = df[col].astype("Int64")
     df["compile_seconds"] = df["compile_seconds"].astype("Float64")
     return df
-
-
-@dataclass(frozen=True)
-class MetricDelta:
-    metric: str
-    a: int | None
-    b: int | None
-
-    @property
-    def delta(self) -> int | None:
-        """``b - a``: negative when B needs less (with A the baseline, what B freed)."""
-        if self.a is None or self.b is None:
-            return None
-        return self.b - self.a
 
 
 @dataclass(frozen=True)
