@@ -18,19 +18,13 @@ from jfa_prof.inputs import select_workload
 from jfa_prof.kernels import fwd
 from jfa_prof.kernels.attention import fwd_launch
 from jfa_prof.schedule import fwd_work_list
+from jfa_prof.timing import kernel_durations_ms
 
 def kernel_ms(fn, n: int = 20) -> float:
-    """Median device duration of the forward kernel over n launches, from the profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """Median device duration of the forward kernel over n launches, after one warm-up."""
     fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    times = sorted(e.time_range.elapsed_us() for e in prof.events() if "_jfa_fwd" in e.name)
-    return times[len(times) // 2] / 1e3
+    times = sorted(kernel_durations_ms(fn, "_jfa_fwd", n=n)[0])
+    return times[len(times) // 2]
 
 
 ap = argparse.ArgumentParser()

@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 from jfa_prof.errors import NoGpuError
 from jfa_prof.inputs import Workload
+from jfa_prof.timing import kernel_durations_ms
 from jfa_prof.trace import Trace, layout_meta, trace_from_buffer
 
 MECHANISMS = {
@@ -51,16 +52,11 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
                   record_capacity=record_capacity, work=work)
     for _ in range(warmup):
         fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **kwargs)
-    # The kernel's own duration comes from the profiler (CUPTI); CUDA events around the launch
-    # would also count the host's launch work, which on short kernels is a large share.
-    from torch.profiler import ProfilerActivity, profile
-
+    # The kernel's own duration comes from the profiler; the CUDA events also count the launch.
     events = {p: torch.cuda.Event(enable_timing=True) for p in ("before", "after")}
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        _, _, rec, launch = fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **kwargs,
-                                       launch_hook=lambda phase: events[phase].record())
-        torch.cuda.synchronize()
-    kernel_us = [e.time_range.elapsed_us() for e in prof.events() if "_jfa_fwd" in e.name]
+    kernel_ms, (_, _, rec, launch) = kernel_durations_ms(
+        lambda: fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **kwargs,
+                           launch_hook=lambda phase: events[phase].record()), "_jfa_fwd")
     constexprs = fwd.fwd_constexprs(head_dim=workload.D, broadcast_q=workload.broadcast_q, causal=workload.causal,
                                     has_window=workload.window is not None, peel=peel, schedule=schedule,
                                     profile=level)
@@ -78,8 +74,8 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
         "profile_level": level,
         "schedule_mechanism": MECHANISMS[schedule],
         "n_work": int(launch.work.n_work.item()),
-        "kernel_ms": kernel_us[0] / 1e3 if kernel_us else None,
-        "kernel_ms_source": "torch.profiler (CUPTI kernel duration)" if kernel_us else None,
+        "kernel_ms": kernel_ms[0] if kernel_ms else None,
+        "kernel_ms_source": "torch.profiler (CUPTI kernel duration)" if kernel_ms else None,
         "launch_ms_cuda_events": events["before"].elapsed_time(events["after"]),
     }
     return trace_from_buffer(rec.cpu().numpy(), meta)

@@ -94,6 +94,22 @@ def host_breakdown(calls: Mapping[str, Callable[[], Any]], *, n: int = 20) -> di
     return out
 
 
+def kernel_durations_ms(fn: Callable[[], Any], kernel: str, *, n: int = 1, activity: str = "cuda"):
+    """(durations in ms of the launches whose name contains `kernel` during n calls of fn, fn's
+    last result), read by the profiler (CUPTI for "cuda"). CUDA events around a launch would
+    also count the host's launch work, a large share of a short kernel."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA if activity == "cuda" else ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        for _ in range(n):
+            result = fn()
+        if activity == "cuda":
+            torch.cuda.synchronize()
+    return [e.time_range.elapsed_us() / 1e3 for e in prof.events() if kernel in e.name], result
+
+
 def require_gpu(what: str, *, hint: str | None = None):
     """The CUDA device to time on, or :class:`~jfa_prof.errors.NoGpuError` saying what needed it.
 

@@ -63,3 +63,15 @@ def test_measurement_meta_without_gpu(monkeypatch):
     assert "missing" not in meta and "gpu" not in meta
     assert meta["torch"] == torch.__version__ and meta["timer"] == "triton.testing.do_bench median"
     assert meta["date"][:2] == "20" and meta["date"].endswith("+00:00")
+
+
+def test_kernel_durations_come_from_the_profiler_with_the_last_result():
+    import torch
+
+    from jfa_prof.timing import kernel_durations_ms
+
+    a = torch.randn(64, 64)
+    calls = []
+    times, out = kernel_durations_ms(lambda: calls.append(1) or a @ a, "aten::mm", n=3, activity="cpu")
+    assert len(calls) == 3 and len(times) == 3 and all(t > 0 for t in times)
+    assert torch.equal(out, a @ a)
