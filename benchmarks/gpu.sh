@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
-#   bash benchmarks/gpu.sh tests sanitize record overhead profile bench flex waterfall ncu
+#   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -37,6 +37,22 @@ bench() {  # forward over the HSP and dense grids beside the peers (FA4 when imp
       --out "$OUT/bench_fwd_$grid.json" --html "$OUT/bench_fwd_$grid.html" 2>&1 | grep -v Warning | tail -25
   done
 }
+bench_bwd() {  # backward over the HSP and dense grids beside the peers (FA4 when importable)
+  for grid in ${BENCH_GRIDS:-hsp dense}; do
+    python -m jfa_prof bench --pass bwd --grid $grid --peers ${BWD_PEERS:-fa4,varlen} --no-detail \
+      --out "$OUT/bench_bwd_$grid.json" --html "$OUT/bench_bwd_$grid.html" 2>&1 | grep -v Warning | tail -25
+  done
+}
+waterfall_bwd() {  # what the backward's dQ costs, per reduction (TMA 2 stages, 1 stage, atomics)
+  for pt in ${WATERFALL_POINTS:-256,2048,0.5 128,1024,0.1}; do
+    IFS=, read -r lq kv s <<< "$pt"
+    for dq in ${WATERFALL_DQ:-tma tma1 atomic}; do
+      python -m jfa_prof waterfall --pass bwd --dq $dq --lq "$lq" --max-kv "$kv" --sparsity "$s" --cumulative \
+        --save "$OUT/waterfall_bwd_${dq}_hsp_lq${lq}_kv${kv}_s$s.json" --out "$OUT/wf.html" 2>&1 \
+        | grep -v Warning | tail -9
+    done
+  done
+}
 flex() {  # FlexAttention compiles per point (tens of seconds), so two HSP points only
   python -m jfa_prof bench --pass fwd --grid hsp --peers flex --label "hsp Lq=128 max=1024 s=0.5" \
     --label "hsp Lq=256 max=2048 s=0.5" --out "$OUT/bench_fwd_hsp_flex.json" 2>&1 | grep -v Warning | tail -8
@@ -49,9 +65,16 @@ waterfall() {  # what each piece of the forward costs, on three HSP points
       --save "$OUT/waterfall_hsp_lq${lq}_kv${kv}_s$s.json" 2>&1 | grep -v Warning | tail -14
   done
 }
-ncu() {  # hardware counters of the forward, LPT vs dynamic
-  python -m jfa_prof ncu --schedule lpt --vs-schedule dynamic --grid hsp --lq 128 --max-kv 1024 --sparsity 0.5 \
-    -o "$OUT/fwd_lpt.ncu-rep" 2>&1 | tail -30
+ncu() {  # hardware counters of the forward: schedules, then peeled vs every block masked
+  python -m jfa_prof ncu --schedule static --vs-schedule dynamic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.1 \
+    -o "$OUT/fwd_static.ncu-rep" --json > "$OUT/ncu_fwd_static_vs_dynamic.json" 2> "$OUT/ncu_err1.txt"
+  tail -3 "$OUT/ncu_err1.txt"
+  python -m jfa_prof ncu --schedule static --vs-no-peel --grid hsp --lq 256 --max-kv 2048 --sparsity 0.1 \
+    -o "$OUT/fwd_static_peel.ncu-rep" 2>&1 | grep -v Warning | tail -40
+}
+ncu_bwd() {  # hardware counters of the backward: TMA reduce-add vs atomics for dQ
+  python -m jfa_prof ncu --pass bwd --dq tma --vs-dq atomic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 \
+    -o "$OUT/bwd_tma.ncu-rep" 2>&1 | grep -v Warning | tail -40
 }
 
 for job in "${@:-tests}"; do

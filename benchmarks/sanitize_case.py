@@ -1,5 +1,5 @@
-"""A small forward case of every schedule (and one instrumented launch), checked against the
-reference: the target of compute-sanitizer runs.
+"""A small forward case of every schedule (and one instrumented launch), then the backward with
+every dQ reduction and schedule, checked against the reference: the target of compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck python benchmarks/sanitize_case.py
 """
@@ -8,7 +8,7 @@ import math
 import torch
 
 from jfa_prof.inputs import offsets_from_lengths
-from jfa_prof.kernels.attention import fwd_launch
+from jfa_prof.kernels.attention import bwd_launch, fwd_launch
 from jfa_prof.reference import reference_attention
 
 torch.manual_seed(0)
@@ -24,3 +24,16 @@ for schedule, profile in (("static", False), ("lpt", False), ("dynamic", False),
     err = float((o.float() - ref).norm() / ref.norm())
     print(f"{schedule} profile={profile} rel_err={err:.2e}")
     assert err < 1e-2
+
+qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))
+o_ref, lse = reference_attention(qr, kr, vr, None, kv_off, broadcast_q=True)
+do = torch.randn(o_ref.shape, device="cuda").to(q.dtype)
+grads = torch.autograd.grad(o_ref, (qr, kr, vr), do.float())
+for dq, stages, schedule in (("tma", 2, "static"), ("tma", 1, "dynamic"), ("atomic", 1, "static"),
+                             ("deterministic", 1, "dynamic")):
+    got = bwd_launch(q, k, v, o_ref.detach().to(q.dtype), lse.detach(), do, None, kv_off, 130, 300,
+                     sm_scale=1 / math.sqrt(128), window=None, causal=False, broadcast_q=True, dq=dq, dq_stages=stages,
+                     schedule=schedule, n_ctas=4)
+    err = max(float((g.float() - r).norm() / r.norm()) for g, r in zip(got, grads))
+    print(f"bwd dq={dq}x{stages} {schedule} rel_err={err:.2e}")
+    assert err < 2e-2

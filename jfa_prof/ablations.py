@@ -21,11 +21,11 @@ from typing import Any, Callable, Sequence
 from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
 from jfa_prof.errors import BadInputError, JfaProfError, read_json_file
 
-__all__ = ["KERNEL_MODULES", "PASSES", "RECORD_KIND", "Ablation", "WaterfallRecord", "ablation_plan",
-           "available_ablations", "load_waterfall", "make_launcher", "measure_waterfall", "n_steps", "workload_dict"]
+__all__ = ["BWD_DQ", "KERNEL_MODULES", "PASSES", "RECORD_KIND", "Ablation", "WaterfallRecord", "ablation_plan",
+           "available_ablations", "bwd_dq", "check_schedule", "default_dq_name", "default_schedule", "load_waterfall", "make_launcher", "measure_waterfall", "n_steps", "workload_dict"]
 
 PASSES = ("fwd", "bwd")
-# Where each pass's kernel publishes ABLATIONS; the backward kernel will join with its own.
+# Where each pass's kernel publishes ABLATIONS.
 KERNEL_MODULES = {"fwd": "jfa_prof.kernels.fwd", "bwd": "jfa_prof.kernels.bwd"}
 RECORD_KIND = "jfa-prof waterfall"
 
@@ -100,23 +100,70 @@ def _fwd_launcher(x, schedule: str) -> Callable[[int], Callable[[], Any]]:
     return make
 
 
-def _bwd_launcher(x, schedule: str) -> Callable[[int], Callable[[], Any]]:
-    mod = _import(KERNEL_MODULES["bwd"])
-    launch = getattr(mod, "bwd_ablation_launcher", None)
-    if launch is None:
-        raise JfaProfError("the backward kernel of this build cannot be launched with ablations "
-                           f"({KERNEL_MODULES['bwd']}.bwd_ablation_launcher is missing)")
-    return launch(x, schedule)
+def _bwd_launcher(x, schedule: str, dq: str | None = None) -> Callable[[int], Callable[[], Any]]:
+    from jfa_prof.bench import upstream_grad
+    from jfa_prof.kernels.attention import bwd_launch, fwd_launch
+
+    w = x.workload
+    dq_mode, stages = bwd_dq(dq or default_dq_name(w.broadcast_q))
+    q_off = None if w.broadcast_q else x.q_offsets
+    scale = 1.0 / math.sqrt(w.D)
+    # The forward runs once: its O and log-sum-exp, and a fixed upstream gradient, feed every timing.
+    o, lse, _, _ = fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=scale, window=w.window,
+                              causal=w.causal, broadcast_q=w.broadcast_q)
+    do = upstream_grad(x, o)
+
+    def make(mask: int) -> Callable[[], Any]:
+        return lambda: bwd_launch(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q, x.max_seq_len_kv,
+                                  sm_scale=scale, window=w.window, causal=w.causal, broadcast_q=w.broadcast_q,
+                                  dq=dq_mode, dq_stages=stages, schedule=schedule, ablate=mask)
+    return make
 
 
-_LAUNCHERS = {"fwd": _fwd_launcher, "bwd": _bwd_launcher}
+# The backward's dQ reductions by CLI name: (bwd_launch dq, staging buffers).
+BWD_DQ = {"tma": ("tma", 2), "tma1": ("tma", 1), "atomic": ("atomic", 1)}
 
 
-def make_launcher(x, pass_: str = "fwd", schedule: str = "lpt") -> Callable[[int], Callable[[], Any]]:
-    """For inputs ``x`` (:class:`~jfa_prof.inputs.JaggedInputs` on the GPU): a function from an
-    ablation mask to a callable that runs ``pass_`` once with those ablations."""
+def default_dq_name(broadcast_q: bool) -> str:
+    """The ``--dq`` name of the reduction the op uses (see ``jfa_prof.kernels.bwd.default_dq``)."""
+    return "tma" if broadcast_q else "atomic"
+
+
+def bwd_dq(name: str) -> tuple[str, int]:
+    """(dq mode, stages) of a ``--dq`` name."""
+    if name not in BWD_DQ:
+        raise BadInputError(f"unknown dQ reduction {name!r}", hint=f"one of {', '.join(BWD_DQ)}")
+    return BWD_DQ[name]
+
+
+def default_schedule(pass_: str) -> str:
+    """The schedule a pass runs when none is named: the forward's LPT list, the backward's round-robin."""
     _check_pass(pass_)
-    return _LAUNCHERS[pass_](x, schedule)
+    return "lpt" if pass_ == "fwd" else "static"
+
+
+def check_schedule(pass_: str, schedule: str) -> None:
+    from jfa_prof.kernels.bwd import SCHEDULES as BWD_SCHEDULES
+    from jfa_prof.schedule import SCHEDULES
+
+    known = SCHEDULES if pass_ == "fwd" else BWD_SCHEDULES
+    if schedule not in known:
+        raise BadInputError(f"unknown {pass_} schedule {schedule!r}", hint=f"one of {', '.join(known)}")
+
+
+def make_launcher(x, pass_: str = "fwd", schedule: str | None = None,
+                  dq: str | None = None) -> Callable[[int], Callable[[], Any]]:
+    """For inputs ``x`` (:class:`~jfa_prof.inputs.JaggedInputs` on the GPU): a function from an
+    ablation mask to a callable that runs ``pass_`` once with those ablations. ``dq`` (backward
+    only) names the dQ reduction of :data:`BWD_DQ`."""
+    _check_pass(pass_)
+    schedule = schedule or default_schedule(pass_)
+    check_schedule(pass_, schedule)
+    if pass_ == "fwd":
+        if dq is not None:
+            raise BadInputError("--dq applies to the backward only", hint="add --pass bwd")
+        return _fwd_launcher(x, schedule)
+    return _bwd_launcher(x, schedule, dq)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +234,7 @@ class WaterfallRecord:
     schedule: str
     meta: dict[str, Any] = field(default_factory=dict)
     flops: float | None = None
+    dq: str | None = None  # the backward's dQ reduction (BWD_DQ name)
 
     @property
     def label(self) -> str:
@@ -199,12 +247,13 @@ class WaterfallRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": RECORD_KIND, "pass": self.timings.pass_, "workload": self.workload,
                 "schedule": self.schedule, "flops": self.flops, "meta": self.meta,
-                "timings": self.timings.to_dict()}
+                "timings": self.timings.to_dict(), **({"dq": self.dq} if self.dq else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> WaterfallRecord:
         return cls(timings=WaterfallTimings.from_dict(d["timings"]), workload=dict(d.get("workload") or {}),
-                   schedule=d.get("schedule", "?"), meta=dict(d.get("meta") or {}), flops=d.get("flops"))
+                   schedule=d.get("schedule", "?"), meta=dict(d.get("meta") or {}), flops=d.get("flops"),
+                   dq=d.get("dq"))
 
 
 def workload_dict(x) -> dict[str, Any]:

@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from jfa_prof.errors import BadInputError, JfaProfError, read_json_file
+from jfa_prof.errors import BadInputError, read_json_file
 
-__all__ = ["PEERS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
-           "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status", "rel_err",
-           "run_bench", "select_workloads"]
+__all__ = ["PASSES", "PEERS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
+           "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status", "reference_output", "rel_err",
+           "run_bench", "select_workloads", "upstream_grad"]
 
 # CLI key -> implementation name in result files (the names earlier files used).
 PEERS = {"fa4": "fa4", "varlen": "torch-varlen", "sdpa": "torch-sdpa", "flex": "torch-flex"}
@@ -138,24 +138,18 @@ def _scale(x) -> float:
     return 1.0 / math.sqrt(x.workload.D)
 
 
-def jfa_impls(x, schedules: Sequence[str] = ("lpt",)) -> list[Impl]:
-    """Per schedule: ``jfa-<s>``, the public op as a user calls it (work list built in the
-    call), and ``jfa-<s>-planned``, the kernel with a work list built beforehand, as a model
-    that shares one list across its attention layers runs it."""
+def jfa_impls(x, schedules: Sequence[str] = ("lpt",), pass_: str = "fwd") -> list[Impl]:
+    """Forward, per schedule: ``jfa-<s>``, the public op as a user calls it (work list built in
+    the call), and ``jfa-<s>-planned``, the kernel with a work list built beforehand, as a model
+    that shares one list across its attention layers runs it. Backward: ``jfa-<s>``, the
+    gradient of the public op (the schedule is the forward's; the backward has its own list)."""
     w = x.workload
+    if pass_ == "bwd":
+        return [Impl(f"jfa-{s}", (lambda s=s: _backward(x, lambda xg: _jfa_op(xg, s))),
+                     note="backward of the public op (autograd)") for s in schedules]
     q_off = None if w.broadcast_q else x.q_offsets
     out = []
     for s in schedules:
-        def op(s=s):
-            from jfa_prof.kernels.attention import jagged_flash_attention
-
-            def run():
-                return jagged_flash_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, x.max_seq_len_q,
-                                              x.max_seq_len_kv, sm_scale=_scale(x), window_size=w.window,
-                                              causal=w.causal, broadcast_q=w.broadcast_q, schedule=s,
-                                              validate=False)
-            return run, lambda o: o
-
         def planned(s=s):
             import torch
 
@@ -172,9 +166,21 @@ def jfa_impls(x, schedules: Sequence[str] = ("lpt",)) -> list[Impl]:
                                   window=w.window, causal=w.causal, broadcast_q=w.broadcast_q, schedule=s, work=wl)
             return run, lambda r: r[0]
 
-        out.append(Impl(f"jfa-{s}", op, note=f"public op, {s} schedule"))
+        out.append(Impl(f"jfa-{s}", (lambda s=s: _jfa_op(x, s)), note=f"public op, {s} schedule"))
         out.append(Impl(f"jfa-{s}-planned", planned, note=f"kernel, {s} work list built beforehand"))
     return out
+
+
+def _jfa_op(x, schedule: str):
+    from jfa_prof.kernels.attention import jagged_flash_attention
+
+    w = x.workload
+
+    def run():
+        return jagged_flash_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, x.max_seq_len_q, x.max_seq_len_kv,
+                                      sm_scale=_scale(x), window_size=w.window, causal=w.causal,
+                                      broadcast_q=w.broadcast_q, schedule=schedule, validate=False)
+    return run, lambda o: o
 
 
 def _repeated_q(x):
@@ -185,7 +191,7 @@ def _repeated_q(x):
     return x.q.unsqueeze(0).expand(B, *x.q.shape).reshape(B * x.q.shape[0], *x.q.shape[1:])
 
 
-def _fa4(x):
+def _fa4(x, repeat_q: bool = False):
     from flash_attn.cute import flash_attn_varlen_func
 
     w = x.workload
@@ -194,7 +200,7 @@ def _fa4(x):
         extra["causal"] = True
     if w.window is not None:
         extra["window_size"] = (w.window, w.window)
-    if w.broadcast_q:
+    if w.broadcast_q and not repeat_q:
         # SPEC §7: a stride-0 Q (no copy) works in FA4's forward; keyword arguments only (the
         # 4th positional is qv), and a Python int max length (a tensor recompiles every call).
         qb = x.q.unsqueeze(0).expand(w.B, *x.q.shape)
@@ -204,8 +210,11 @@ def _fa4(x):
                                           max_seqlen_k=int(x.max_seq_len_kv), **extra)
         return run, lambda r: r[0].reshape(w.B * x.q.shape[0], *x.q.shape[1:])
 
+    # Its backward fails on the stride-0 form (SPEC §7): the repeated Q, whose dQ autograd sums.
+    q = _repeated_q(x)
+
     def run():
-        return flash_attn_varlen_func(q=x.q, k=x.k, v=x.v, cu_seqlens_q=x.q_offsets, cu_seqlens_k=x.kv_offsets,
+        return flash_attn_varlen_func(q=q, k=x.k, v=x.v, cu_seqlens_q=x.q_offsets, cu_seqlens_k=x.kv_offsets,
                                       max_seqlen_q=int(x.max_seq_len_q), max_seqlen_k=int(x.max_seq_len_kv), **extra)
     return run, lambda r: r[0]
 
@@ -381,18 +390,63 @@ def _flex(x):
 
 
 _PEER_BUILDERS = {"fa4": _fa4, "varlen": _varlen, "sdpa": _sdpa, "flex": _flex}
+_BWD_BUILDERS = {**_PEER_BUILDERS, "fa4": lambda x: _fa4(x, repeat_q=True)}
 
 
 def peer_impls(x, keys: Iterable[str], pass_: str = "fwd") -> list[Impl]:
     """The peers ``keys`` (CLI keys of :data:`PEERS`) as implementations of ``pass_`` on ``x``."""
-    if pass_ != "fwd":
-        raise JfaProfError(f"no {pass_} peers yet: the {pass_} bench comes with the {pass_} kernel")
+    _check_pass(pass_)
+    if pass_ == "bwd":
+        return [Impl(PEERS[k], (lambda k=k: _backward(x, _BWD_BUILDERS[k])),
+                     kind="peer", note=PEER_NOTES[k] + "; backward of the repeated-Q form, autograd sums dQ")
+                for k in keys]
     return [Impl(PEERS[k], (lambda k=k: _PEER_BUILDERS[k](x)), kind="peer", note=PEER_NOTES[k]) for k in keys]
 
 
-def impl_names(peers: Iterable[str], schedules: Sequence[str] = ("lpt",)) -> list[str]:
+PASSES = ("fwd", "bwd")
+
+
+def _check_pass(pass_: str) -> None:
+    if pass_ not in PASSES:
+        raise BadInputError(f"unknown pass {pass_!r}", hint="fwd or bwd")
+
+
+def _backward(x, forward: Callable[[Any], tuple[Callable[[], Any], Callable[[Any], Any]]]):
+    """``(run, output)`` of the backward pass of ``forward`` (a builder like the forward peers'):
+    the forward runs once here, on leaf copies of q, k, v, and ``run()`` is the gradient of that
+    output with a fixed upstream gradient (graph kept, so it can be timed again). ``output``
+    gives ``(dq, dk, dv)`` in the inputs' layout: for broadcast-Q, dq is the sum over the batch.
+    What the forward saved for the backward (a repeated Q, for peers without broadcast) is in
+    the setup memory; what the backward allocates (a repeated dQ) in its peak."""
+    import dataclasses
+
+    import torch
+
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x.q, x.k, x.v)]
+    xg = dataclasses.replace(x, q=leaves[0], k=leaves[1], v=leaves[2])
+    run_fwd, output = forward(xg)
+    o = output(run_fwd())
+    do = upstream_grad(x, o)
+
+    def run():
+        return torch.autograd.grad(o, leaves, do, retain_graph=True)
+    return run, lambda grads: grads
+
+
+def upstream_grad(x, o):
+    """The gradient fed into every implementation's backward: fixed random values (one seed per
+    workload), zero on rows that see no key, whose outputs peers do not agree on."""
+    import torch
+
+    g = torch.Generator(device=o.device).manual_seed(x.workload.seed + 1)
+    do = torch.randn(o.shape, generator=g, device=o.device, dtype=torch.float32)
+    return (do * rows_seeing_keys(x)[:, None, None]).to(x.q.dtype)
+
+
+def impl_names(peers: Iterable[str], schedules: Sequence[str] = ("lpt",), pass_: str = "fwd") -> list[str]:
     """The implementation names :func:`run_bench` times by default, in order."""
-    return [n for s in schedules for n in (f"jfa-{s}", f"jfa-{s}-planned")] + [PEERS[k] for k in peers]
+    ours = (lambda s: (f"jfa-{s}",)) if pass_ == "bwd" else (lambda s: (f"jfa-{s}", f"jfa-{s}-planned"))
+    return [n for s in schedules for n in ours(s)] + [PEERS[k] for k in peers]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +472,11 @@ def rows_seeing_keys(x):
 
 
 def rel_err(out, ref, rows=None) -> float:
-    """‖out − ref‖ / ‖ref‖ in fp32 over ``rows`` (all when None); NaN when out has NaN there."""
+    """‖out − ref‖ / ‖ref‖ in fp32 over ``rows`` (all when None); NaN when out has NaN there.
+    For tuples (the backward's dq, dk, dv): the worst of the parts, over all their rows."""
+    if isinstance(out, (tuple, list)):
+        errs = [rel_err(o, r) for o, r in zip(out, ref, strict=True)]
+        return float("nan") if any(math.isnan(e) for e in errs) else max(errs)
     out, ref = out.float(), ref.float()
     if rows is not None:
         out, ref = out[rows], ref[rows]
@@ -475,6 +533,26 @@ def fwd_host_breakdown(x, *, n: int = 20, schedule: str = "lpt") -> dict[str, di
                                   "full_call": lambda: launch(None)}, n=n)
 
 
+def reference_output(x, pass_: str = "fwd"):
+    """The fp32 reference's output (fwd) or its gradients ``(dq, dk, dv)`` for
+    :func:`upstream_grad` (bwd)."""
+    import torch
+
+    from jfa_prof.reference import reference_attention
+
+    w = x.workload
+    leaves = [t.detach().float().requires_grad_(pass_ == "bwd") for t in (x.q, x.k, x.v)]
+    o = reference_attention(*leaves, None if w.broadcast_q else x.q_offsets, x.kv_offsets, sm_scale=_scale(x),
+                            window_size=w.window, causal=w.causal, broadcast_q=w.broadcast_q)[0]
+    if pass_ == "fwd":
+        return o
+    return torch.autograd.grad(o, leaves, upstream_grad(x, o).float())
+
+
+def _to_float(out):
+    return tuple(t.float() for t in out) if isinstance(out, (tuple, list)) else out.float()
+
+
 def _workload_fields(x) -> dict[str, Any]:
     w = x.workload
     return {**asdict(w), "label": w.label, "total_q": x.total_q, "total_kv": x.total_kv}
@@ -504,7 +582,7 @@ def _measure_impl(impl: Impl, *, ref, rows, first_out, tol: float, timer, twice:
             entry["error"] = reason
             return entry, None, reason
     entry["rel_err_vs_first"] = 0.0 if first_out is None else rel_err(out, first_out, rows)
-    keep = out.float() if first_out is None else None
+    keep = _to_float(out) if first_out is None else None
     del result, out
     # Memory one call allocates beyond what its inputs and setup hold (workspaces, outputs).
     torch.cuda.synchronize()
@@ -555,10 +633,8 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
     import torch
 
     from jfa_prof import timing
-    from jfa_prof.reference import reference_attention
 
-    if pass_ != "fwd":
-        raise JfaProfError(f"no {pass_} bench yet: it comes with the {pass_} kernel", hint="use --pass fwd")
+    _check_pass(pass_)
     device = device or timing.require_gpu("the benchmark")
     timer = timer or timing.bench
     timer_kw = {k: v for k, v in (("rep_ms", rep_ms), ("warmup_ms", warmup_ms)) if v is not None}
@@ -568,14 +644,11 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
     for n_point, w in enumerate(workloads):
         x = w.make(device)
         flops = x.flops(pass_)
-        point = impls(x) if impls is not None else jfa_impls(x, schedules) + peer_impls(x, usable, pass_)
+        point = impls(x) if impls is not None else jfa_impls(x, schedules, pass_) + peer_impls(x, usable, pass_)
         base_name = baseline or (point[0].name if point else None)
-        rows = rows_seeing_keys(x)
-        ref = None
-        if check_reference and n_point == 0:
-            ref = reference_attention(x.q, x.k, x.v, None if w.broadcast_q else x.q_offsets, x.kv_offsets,
-                                      sm_scale=_scale(x), window_size=w.window, causal=w.causal,
-                                      broadcast_q=w.broadcast_q)[0]
+        # The backward's gradients cover every row (rows that see no key get zero upstream gradient).
+        rows = rows_seeing_keys(x) if pass_ == "fwd" else None
+        ref = reference_output(x, pass_) if check_reference and n_point == 0 else None
         entries: dict[str, dict[str, Any]] = {}
         first_out = None
         for impl in point:

@@ -20,7 +20,8 @@ from jfa_prof.errors import JfaProfError, NoGpuError, ToolMissingError
 from jfa_prof.ncu_target import PROFILED_LAUNCHES, WARMUP_LAUNCHES
 
 # The forward kernel's name as ncu sees it (the jitted function's name).
-KERNEL_REGEX = "_jfa_fwd"
+# The main kernel of each pass; anchored so that the backward's delta and dQ kernels are left out.
+KERNEL_REGEX = {"fwd": "^_jfa_fwd$", "bwd": "^_jfa_bwd$"}
 REPORT_SUFFIX = ".ncu-rep"
 # Lines of ncu's output kept in an error message: ncu prints its ==ERROR== lines and the
 # target's traceback last.
@@ -71,14 +72,20 @@ class LiveRun:
     max_kv: int | None = None
     sparsity: float | None = None
     seed: int | None = None
+    pass_: str = "fwd"
+    dq: str | None = None  # backward: the dQ reduction (jfa_prof.ablations.BWD_DQ)
 
     @property
     def tag(self) -> str:
-        """Short name of the variant: ``lpt`` or ``lpt-nopeel``."""
+        """Short name of the variant: ``lpt``, ``lpt-nopeel``, ``bwd-static-tma``."""
+        if self.pass_ == "bwd":
+            return f"bwd-{self.schedule}-{self.dq}"
         return self.schedule if self.peel else f"{self.schedule}-nopeel"
 
     def target_args(self) -> list[str]:
-        args = ["--schedule", self.schedule, "--grid", self.grid]
+        args = ["--pass", self.pass_, "--schedule", self.schedule, "--grid", self.grid]
+        if self.dq is not None:
+            args += ["--dq", self.dq]
         for flag, value in (("--lq", self.lq), ("--max-kv", self.max_kv), ("--sparsity", self.sparsity),
                             ("--seed", self.seed)):
             if value is not None:
@@ -99,14 +106,15 @@ def report_path(out: str | Path) -> Path:
     return out if out.name.endswith(REPORT_SUFFIX) else out.with_name(out.name + REPORT_SUFFIX)
 
 
-def ncu_argv(ncu: str, out: str | Path, target: Sequence[str], *, arch: str = "sm_90") -> list[str]:
-    """The full ncu command line that profiles one launch of the forward kernel into ``out``."""
+def ncu_argv(ncu: str, out: str | Path, target: Sequence[str], *, arch: str = "sm_90",
+             pass_: str = "fwd") -> list[str]:
+    """The full ncu command line that profiles one launch of the ``pass_`` kernel into ``out``."""
     stem = str(report_path(out))[: -len(REPORT_SUFFIX)]
     return [
         ncu,
         # Profile at the clocks the benchmarks run at; ncu's default locks the base clock.
         "--clock-control", "none",
-        "-k", f"regex:{KERNEL_REGEX}",
+        "-k", f"regex:{KERNEL_REGEX[pass_]}",
         "-s", str(WARMUP_LAUNCHES), "-c", str(PROFILED_LAUNCHES),
         "--metrics", ncu_metrics.metric_list(arch),
         "--section", "WarpStateStats",
@@ -145,6 +153,7 @@ def run_ncu(argv: Sequence[str], out: str | Path, *,
     if proc.returncode != 0:
         raise JfaProfError(f"ncu exited {proc.returncode}; the end of its output:\n{_tail(text)}")
     if not report.exists() or report.stat().st_mtime_ns == before:
-        raise JfaProfError(f"ncu wrote no report (did a kernel match regex:{KERNEL_REGEX}?); "
+        kernels = argv[argv.index("-k") + 1] if "-k" in argv else "the -k filter"
+        raise JfaProfError(f"ncu wrote no report (did a kernel match {kernels}?); "
                            f"the end of its output:\n{_tail(text)}")
     return report

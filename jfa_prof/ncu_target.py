@@ -1,7 +1,8 @@
-"""The program ``jfa-prof ncu`` runs under Nsight Compute: a few uninstrumented forward launches
-of one benchmark workload.
+"""The program ``jfa-prof ncu`` runs under Nsight Compute: a few uninstrumented forward (or
+backward) launches of one benchmark workload.
 
     python -m jfa_prof.ncu_target --schedule lpt --grid hsp --lq 128 --max-kv 1024 --sparsity 0.5
+    python -m jfa_prof.ncu_target --pass bwd --dq tma1 --schedule static --lq 256 --max-kv 2048
 
 A module of the package rather than a script beside it, so that ``jfa-prof ncu`` works from an
 installed wheel. ncu skips the first ``WARMUP_LAUNCHES`` launches of the kernel and profiles the
@@ -24,7 +25,10 @@ PROFILED_LAUNCHES = 1
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jfa_prof.ncu_target", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--schedule", default="lpt", help="static, lpt or dynamic")
+    ap.add_argument("--pass", dest="pass_", default="fwd", help="fwd or bwd")
+    ap.add_argument("--schedule", default=None, help="fwd: static, lpt (default) or dynamic; bwd: static (default) "
+                                                     "or dynamic")
+    ap.add_argument("--dq", default=None, help="bwd: the dQ reduction, tma, tma1 or atomic (default: the op's)")
     ap.add_argument("--grid", default="hsp", help="workload grid: hsp, jagged, dense")
     ap.add_argument("--lq", type=int, help="queries per sequence (hsp grid)")
     ap.add_argument("--max-kv", type=int, help="longest KV sequence")
@@ -40,12 +44,18 @@ def run(args: argparse.Namespace) -> str:
     """Launch the workload ``args.launches`` times; returns what ran, for the last line of output."""
     import torch
 
+    from jfa_prof import ablations
     from jfa_prof.errors import BadInputError, NoGpuError, TlxUnavailableError
     from jfa_prof.inputs import select_workload
-    from jfa_prof.schedule import SCHEDULES
 
-    if args.schedule not in SCHEDULES:
-        raise BadInputError(f"unknown schedule {args.schedule!r}", hint=f"one of {', '.join(SCHEDULES)}")
+    if args.pass_ not in ablations.PASSES:
+        raise BadInputError(f"unknown pass {args.pass_!r}", hint="fwd or bwd")
+    schedule = args.schedule or ablations.default_schedule(args.pass_)
+    ablations.check_schedule(args.pass_, schedule)
+    if args.dq is not None:
+        if args.pass_ != "bwd":
+            raise BadInputError("--dq applies to the backward only")
+        ablations.bwd_dq(args.dq)
     if args.launches < 1:
         raise BadInputError(f"--launches must be at least 1, got {args.launches}")
     try:
@@ -61,12 +71,19 @@ def run(args: argparse.Namespace) -> str:
         raise TlxUnavailableError(f"cannot import the kernels: {err}", hint="jfa-prof doctor says why") from None
 
     x = workload.make("cuda")
+    if args.pass_ == "bwd":
+        # The ablation launcher with no ablation: one forward first, then the backward alone.
+        launch = ablations.make_launcher(x, "bwd", schedule, args.dq)(0)
+    else:
+        def launch():
+            fwd_launch(x.q, x.k, x.v, None if workload.broadcast_q else x.q_offsets, x.kv_offsets, x.max_seq_len_q,
+                       sm_scale=1 / math.sqrt(workload.D), window=workload.window, causal=workload.causal,
+                       broadcast_q=workload.broadcast_q, schedule=schedule, peel=not args.no_peel)
     for _ in range(args.launches):
-        fwd_launch(x.q, x.k, x.v, None if workload.broadcast_q else x.q_offsets, x.kv_offsets, x.max_seq_len_q,
-                   sm_scale=1 / math.sqrt(workload.D), window=workload.window, causal=workload.causal,
-                   broadcast_q=workload.broadcast_q, schedule=args.schedule, peel=not args.no_peel)
+        launch()
     torch.cuda.synchronize()
-    return f"{workload.label} {args.schedule}{' no-peel' if args.no_peel else ''}: {args.launches} launches"
+    return (f"{args.pass_} {workload.label} {schedule}{' no-peel' if args.no_peel else ''}"
+            f"{f' dq {args.dq}' if args.dq else ''}: {args.launches} launches")
 
 
 def main(argv: list[str] | None = None) -> int:

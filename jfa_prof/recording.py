@@ -1,4 +1,4 @@
-"""Live recording: run a workload's kernel with PROFILE=True on the GPU and keep its records.
+"""Live recording: run a workload's kernel (forward or backward) with PROFILE on the GPU and keep its records.
 
 The recorded launch is timed on its own with CUDA events (the work list and buffers are made
 before the first event), so a trace's makespan can be checked against the kernel time.
@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 from jfa_prof.errors import NoGpuError
 from jfa_prof.inputs import Workload
+from jfa_prof.records import BWD_ROLES, BWD_SITES
 from jfa_prof.timing import kernel_durations_ms
 from jfa_prof.trace import Trace, layout_meta, trace_from_buffer
 
@@ -62,8 +63,7 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
                                     profile=level)
     meta = {
         "layout": layout_meta(launch.layout),
-        "gpu": {"name": props.name, "sm_count": props.multi_processor_count,
-                "sm_clock_khz": _sm_clock_khz(), "capability": f"{props.major}.{props.minor}"},
+        "gpu": _gpu_meta(props),
         "kernel": {"name": "_jfa_fwd", "pass": "fwd", "config": constexprs,
                    "variant": f"fwd/{'bcast' if workload.broadcast_q else 'jagged'}/{workload.dtype}/"
                               f"d{workload.D}/{schedule}/{'peel' if peel else 'nopeel'}/"
@@ -79,6 +79,71 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
         "launch_ms_cuda_events": events["before"].elapsed_time(events["after"]),
     }
     return trace_from_buffer(rec.cpu().numpy(), meta)
+
+
+BWD_MECHANISMS = {
+    "static": "persistent CTAs deal the valid (batch, kv head, KV block) tiles round-robin",
+    "dynamic": "global atomic tile counter over the block-innermost tile list",
+}
+
+
+def record_bwd_workload(workload: Workload, schedule: str = "static", *, dq: str | None = None, warmup: int = 3,
+                        record_capacity: int | None = None, level: int = 2) -> Trace:
+    """One instrumented backward launch of `workload` (fed by one plain forward and a fixed
+    upstream gradient), as a Trace. Tiles are KV blocks; a tile's N_BLOCKS counts the query
+    blocks it walked. `dq` names the reduction (`jfa_prof.ablations.BWD_DQ`, default the op's)."""
+    import torch
+
+    from jfa_prof.ablations import bwd_dq, check_schedule, default_dq_name
+    from jfa_prof.bench import upstream_grad
+    from jfa_prof.kernels import bwd
+    from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
+
+    check_schedule("bwd", schedule)
+    dq_mode, stages = bwd_dq(dq or default_dq_name(workload.broadcast_q))
+    device = require_gpu()
+    x = workload.make(device)
+    w = workload
+    q_off = None if w.broadcast_q else x.q_offsets
+    props = torch.cuda.get_device_properties(device)
+    scale = 1.0 / math.sqrt(w.D)
+    o, lse, _, _ = fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=scale, window=w.window,
+                              causal=w.causal, broadcast_q=w.broadcast_q)
+    do = upstream_grad(x, o)
+
+    def launch():
+        return bwd_launch_recorded(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q, x.max_seq_len_kv,
+                                   sm_scale=scale, window=w.window, causal=w.causal, broadcast_q=w.broadcast_q,
+                                   dq=dq_mode, dq_stages=stages, schedule=schedule, profile=level,
+                                   record_capacity=record_capacity)
+    for _ in range(warmup):
+        launch()
+    kernel_ms, (*_, rec, info) = kernel_durations_ms(launch, "_jfa_bwd")
+    constexprs = bwd.bwd_constexprs(head_dim=w.D, broadcast_q=w.broadcast_q, causal=w.causal,
+                                    has_window=w.window is not None, dq=dq_mode, dq_stages=stages, schedule=schedule,
+                                    profile=level)
+    n_tiles = int(((x.kv_lens + bwd.BLOCK_N - 1) // bwd.BLOCK_N).sum()) * w.H_kv
+    meta = {
+        "layout": layout_meta(info.layout, BWD_ROLES, BWD_SITES),
+        "gpu": _gpu_meta(props),
+        "kernel": {"name": "_jfa_bwd", "pass": "bwd", "config": constexprs,
+                   "variant": f"bwd/{'bcast' if w.broadcast_q else 'jagged'}/{w.dtype}/d{w.D}/"
+                              f"{dq_mode}{stages if dq_mode == 'tma' else ''}/{schedule}/prof{level}"},
+        "workload": {**asdict(w), "label": w.label, "total_q": x.total_q, "total_kv": x.total_kv,
+                     "flops": x.flops("bwd")},
+        "schedule": schedule,
+        "profile_level": level,
+        "schedule_mechanism": BWD_MECHANISMS[schedule],
+        "n_work": n_tiles,
+        "kernel_ms": kernel_ms[0] if kernel_ms else None,
+        "kernel_ms_source": "torch.profiler (CUPTI kernel duration)" if kernel_ms else None,
+    }
+    return trace_from_buffer(rec.cpu().numpy(), meta)
+
+
+def _gpu_meta(props) -> dict:
+    return {"name": props.name, "sm_count": props.multi_processor_count, "sm_clock_khz": _sm_clock_khz(),
+            "capability": f"{props.major}.{props.minor}"}
 
 
 def _sm_clock_khz() -> float | None:

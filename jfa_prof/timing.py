@@ -95,9 +95,10 @@ def host_breakdown(calls: Mapping[str, Callable[[], Any]], *, n: int = 20) -> di
 
 
 def kernel_durations_ms(fn: Callable[[], Any], kernel: str, *, n: int = 1, activity: str = "cuda"):
-    """(durations in ms of the launches whose name contains `kernel` during n calls of fn, fn's
+    """(durations in ms of the launches of the kernel named `kernel` during n calls of fn, fn's
     last result), read by the profiler (CUPTI for "cuda"). CUDA events around a launch would
-    also count the host's launch work, a large share of a short kernel."""
+    also count the host's launch work, a large share of a short kernel. The name must match
+    whole: `_jfa_bwd` is not `_jfa_bwd_delta`."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -107,7 +108,7 @@ def kernel_durations_ms(fn: Callable[[], Any], kernel: str, *, n: int = 1, activ
             result = fn()
         if activity == "cuda":
             torch.cuda.synchronize()
-    return [e.time_range.elapsed_us() / 1e3 for e in prof.events() if kernel in e.name], result
+    return [e.time_range.elapsed_us() / 1e3 for e in prof.events() if e.name.split("(")[0] == kernel], result
 
 
 def require_gpu(what: str, *, hint: str | None = None):

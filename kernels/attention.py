@@ -142,8 +142,10 @@ def _profile_level(profile) -> int:
 def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
                 kv_offsets: torch.Tensor, max_seq_len_q: int, sm_scale: float, window: int, causal: bool,
                 broadcast_q: bool, schedule: str, max_seq_len_kv: int = -1, work_tiles: torch.Tensor | None = None,
-                work_n: torch.Tensor | None = None, work_m_blocks: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    # max_seq_len_kv is unused here: it sizes the backward's grid (-1: read from the offsets then).
+                work_n: torch.Tensor | None = None, work_m_blocks: int = 0,
+                deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    # max_seq_len_kv and deterministic are for the backward: its tile bound (-1: read from the
+    # offsets then) and its dQ reduction.
     # work_*: a plan's work list (tiles, n_work, query blocks per head), or None to build one here.
     work = None if work_tiles is None else WorkList(tiles=work_tiles, n_work=work_n, costs=None,
                                                     n_m_blocks=work_m_blocks)
@@ -155,78 +157,189 @@ def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: to
 
 @_jfa_fwd_op.register_fake
 def _(q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, schedule,
-      max_seq_len_kv=-1, work_tiles=None, work_n=None, work_m_blocks=0):
+      max_seq_len_kv=-1, work_tiles=None, work_n=None, work_m_blocks=0, deterministic=False):
     H, D = q.shape[1], q.shape[2]
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast_q else q.shape[0]
     return q.new_empty((rows, H, D)), q.new_empty((H, rows), dtype=torch.float32)
 
 
+@dataclass
+class BwdLaunch:
+    """What one backward launch used, kept for the instrumentation readers."""
+    n_ctas: int
+    layout: records.Layout | None
+    dq: str
+    schedule: str
+
+
+def _sm_count(device) -> int:
+    # Triton's interpreter runs on the CPU: a few programs exercise the persistent loop there.
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
+
+
 def bwd_launch(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale, window,
-               causal, broadcast_q, dk_out=None, dv_out=None):
+               causal, broadcast_q, dk_out=None, dv_out=None, **options):
     """Launch the backward kernels; returns (dq, dk, dv) in the input dtype.
 
     `o` and `lse` are the forward's outputs. For broadcast-Q, dq is `[Lq, H, D]`: the sum over the
-    batch. `max_seq_len_kv` sizes the grid and must be at least every KV length (-1: read it from
-    `kv_offsets`, one host sync); `max_seq_len_q` is not needed, the query ranges come from the
-    offsets. `dk_out`/`dv_out` let callers (tests) pass poisoned buffers so unwritten rows show;
-    dq is accumulated in a zeroed fp32 buffer and converted, so it has no such buffer."""
+    batch. `max_seq_len_kv` bounds the tile count and must be at least every KV length (-1: read it
+    from `kv_offsets`, one host sync); `max_seq_len_q` sizes the deterministic dQ grid for jagged Q
+    (-1: read it from `q_offsets`). `dk_out`/`dv_out` let callers (tests) pass poisoned buffers so
+    unwritten rows show. `options` are those of `bwd_launch_recorded`."""
+    dq, dk, dv, _, _ = bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
+                                           sm_scale=sm_scale, window=window, causal=causal, broadcast_q=broadcast_q,
+                                           dk_out=dk_out, dv_out=dv_out, **options)
+    return dq, dk, dv
+
+
+def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale,
+                        window, causal, broadcast_q, dk_out=None, dv_out=None, dq=None, dq_stages=None,
+                        schedule=None, profile=0, record_capacity=None, n_ctas=None, ablate=0):
+    """`bwd_launch` that also returns the record buffer (None unless `profile`) and a `BwdLaunch`.
+
+    `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; broadcast-Q only), "atomic" or
+    "deterministic" (default `bwd.default_dq`: tma for broadcast-Q, atomic for jagged Q); `schedule`: "static" (round-robin) or "dynamic" (atomic queue);
+    `profile`: instrumentation level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the
+    waterfall, which makes the gradients wrong on purpose."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
     from jfa_prof.kernels import bwd
 
+    dq_mode = dq or bwd.default_dq(broadcast_q)
+    dq_stages = dq_stages or bwd.DEFAULT_DQ_STAGES
+    schedule = schedule or bwd.DEFAULT_SCHEDULE
+    if dq_mode not in ("tma", "atomic", "deterministic"):
+        raise BadInputError(f"unknown dq reduction {dq_mode!r}", hint="tma, atomic or deterministic")
+    if dq_mode == "tma" and not broadcast_q:
+        # A TMA reduce-add box must start 16-byte aligned along dQ's contiguous (row) dimension;
+        # jagged sequences start on any row, and an unaligned box faults (illegal instruction).
+        raise BadInputError("dq='tma' needs broadcast-Q: jagged sequences start on unaligned dQ rows",
+                            hint="use dq='atomic' (uncontended for jagged Q: each sequence owns its rows) or "
+                                 "'deterministic'")
+    if schedule not in bwd.SCHEDULES:
+        raise BadInputError(f"unknown backward schedule {schedule!r}",
+                            hint="static (round-robin) or dynamic (atomic queue)")
+    if dq_stages not in (1, 2, 3):
+        raise BadInputError(f"dq_stages must be 1, 2 or 3, got {dq_stages}")
     H, D = q.shape[1], q.shape[2]
     H_kv = k.shape[1]
     B = kv_offsets.numel() - 1
     total_rows = o.shape[0]
+    rows_q = q.shape[0]
+    dev = q.device
     # The kernels assume dense [rows, heads, D] layouts; autograd may hand over an expanded
     # (stride-0) gradient. For everything else these are no-ops.
     q, k, v, o, lse = (t.contiguous() for t in (q, k, v, o, lse))
     do = do.to(o.dtype).contiguous()
+    kv_lens = kv_offsets[1:] - kv_offsets[:-1]
     if max_seq_len_kv < 0:
-        max_seq_len_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max()) if B > 0 else 0
-    delta = torch.empty((H, total_rows), dtype=torch.float32, device=q.device)
+        max_seq_len_kv = int(kv_lens.max()) if B > 0 else 0
+    delta = torch.empty((H, total_rows), dtype=torch.float32, device=dev)
     if total_rows > 0:
         grid = ((total_rows + bwd.DELTA_ROWS - 1) // bwd.DELTA_ROWS, H)
         bwd._jfa_bwd_delta[grid](o, do, delta, total_rows, H, **bwd.delta_constexprs(head_dim=D),
                                  num_warps=bwd.DELTA_WARPS, num_stages=1)
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k) if dk_out is None else dk_out
     dv = torch.empty_like(v) if dv_out is None else dv_out
     if not (dk.is_contiguous() and dv.is_contiguous() and dk.shape == k.shape and dv.shape == v.shape):
         raise ValueError("dk_out and dv_out must be contiguous and shaped like k and v")
-    n_kv_blocks = (max_seq_len_kv + bwd.BLOCK_N - 1) // bwd.BLOCK_N
-    n_programs = B * H_kv * n_kv_blocks
-    if n_programs > 0:
-        q_off = kv_offsets if q_offsets is None or broadcast_q else q_offsets
+
+    # dQ accumulates transposed, [H * D, rows]; rows padded to 16 bytes, as TMA needs of a stride.
+    rows_pad = max(4, -(-rows_q // 4) * 4)
+    if dq_mode == "deterministic":
+        dq_acc = None
+        dq_desc = TensorDescriptor(torch.empty((D, bwd.BLOCK_M), dtype=torch.float32, device=dev), shape=[D, bwd.BLOCK_M],
+                                   strides=[bwd.BLOCK_M, 1], block_shape=[D, bwd.BLOCK_M])  # never read
+    else:
+        dq_acc = torch.zeros((H * D, rows_pad), dtype=torch.float32, device=dev)
+        dq_desc = TensorDescriptor(dq_acc, shape=[H * D, rows_q], strides=[rows_pad, 1], block_shape=[D, bwd.BLOCK_M])
+
+    # Valid tiles: KV blocks per sequence, prefix-summed on the device (no host sync).
+    tile_cum = torch.zeros(B + 1, dtype=torch.int32, device=dev)
+    torch.cumsum((kv_lens + bwd.BLOCK_N - 1) // bwd.BLOCK_N, 0, out=tile_cum[1:])
+    max_tiles = B * H_kv * ((max_seq_len_kv + bwd.BLOCK_N - 1) // bwd.BLOCK_N)
+    grid = max(1, min(n_ctas or _sm_count(dev), max_tiles))
+    queue = torch.zeros(1, dtype=torch.int32, device=dev) if schedule == "dynamic" else tile_cum
+    layout = None
+    if profile:
+        cap = max_tiles if record_capacity is None else record_capacity
+        layout = records.Layout(tile_capacity=cap, n_ctas=grid, n_roles=len(records.BWD_ROLES),
+                                n_sites=len(records.BWD_SITES))
+        rec = torch.zeros(layout.total_words, dtype=torch.int64, device=dev)
+        rec[records.Header.CAPACITY] = cap
+    else:
+        rec = torch.empty(1, dtype=torch.int64, device=dev)  # never touched at PROFILE=0
+    q_off = kv_offsets if q_offsets is None or broadcast_q else q_offsets
+    win = window if window is not None else 0
+    if max_tiles > 0:
         constexprs = bwd.bwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
-                                        has_window=window is not None)
-        bwd._jfa_bwd[(n_programs, )](q, k, v, do, lse, delta, dq, dk, dv, q_off, kv_offsets, sm_scale, H, H // H_kv,
-                                     n_kv_blocks, q.shape[0] if broadcast_q else 0,
-                                     window if window is not None else 0, total_rows, dk.shape[1], **constexprs,
-                                     num_warps=bwd.NUM_WARPS, num_stages=bwd.NUM_STAGES)
-    return dq.to(q.dtype), dk, dv
+                                        has_window=window is not None, dq=dq_mode, dq_stages=dq_stages,
+                                        schedule=schedule, profile=profile, ablate=ablate)
+        bwd._jfa_bwd[(grid, )](q, k, v, do, lse, delta, dq_acc if dq_acc is not None else delta, dq_desc, dk, dv,
+                               q_off, kv_offsets, tile_cum, queue, rec, sm_scale, H, H // H_kv, B,
+                               rows_q if broadcast_q else 0, win, total_rows, dk.shape[1], rows_pad,
+                               layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
+                               layout.spans_offset if layout else 0, layout.waits_offset if layout else 0,
+                               **constexprs, num_warps=bwd.NUM_WARPS, num_stages=bwd.NUM_STAGES)
+    else:
+        # No tiles: every dK / dV row is zero (there are none, or only empty sequences).
+        dk.zero_()
+        dv.zero_()
+    if dq_mode == "deterministic":
+        dq_acc = _deterministic_dq(bwd, q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q,
+                                   win, total_rows, rows_pad, max_seq_len_q, window, causal, broadcast_q)
+    dq_out = torch.empty_like(q)
+    dq_out.copy_(dq_acc[:, :rows_q].view(H, D, rows_q).permute(2, 0, 1))
+    return dq_out, dk, dv, (rec if profile else None), BwdLaunch(grid, layout, dq_mode, schedule)
+
+
+def _deterministic_dq(bwd, q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q, win,
+                      total_rows, rows_pad, max_seq_len_q, window, causal, broadcast_q):
+    """dQ without atomics: per (query block, head, part) in a fixed order, then a fixed-order sum
+    of the broadcast-Q parts. Parts split the batch so that about two programs run per SM."""
+    D = q.shape[2]
+    if broadcast_q:
+        n_m = -(-rows_q // bwd.DQ_BLOCK_M)
+        want = max(1, -(-2 * _sm_count(q.device) // max(1, n_m * H)))
+        chunk = max(1, -(-B // min(want, max(B, 1))))
+        n_parts = max(1, -(-B // chunk))
+    else:
+        if max_seq_len_q < 0:
+            max_seq_len_q = int((q_off[1:] - q_off[:-1]).max()) if B > 0 else 0
+        n_m, chunk, n_parts = -(-max_seq_len_q // bwd.DQ_BLOCK_M), 1, B
+    parts = torch.zeros((n_parts if broadcast_q else 1, H * D, rows_pad), dtype=torch.float32, device=q.device)
+    if n_m > 0 and n_parts > 0 and B > 0:
+        bwd._jfa_bwd_dq[(n_m, H, n_parts)](q, k, v, do, lse, delta, parts, q_off, kv_offsets, sm_scale, H, H // H_kv, B,
+                                           rows_q if broadcast_q else 0, win, total_rows, rows_pad, chunk,
+                                           **bwd.dq_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
+                                                               has_window=window is not None),
+                                           num_warps=bwd.DQ_WARPS, num_stages=bwd.NUM_STAGES)
+    # torch's sum over a leading dimension of a fixed size is the same every run.
+    return parts.sum(0) if parts.shape[0] > 1 else parts[0]
 
 
 @torch.library.custom_op("jfa_prof::jfa_bwd", mutates_args=())
 def _jfa_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                 do: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_seq_len_q: int,
                 max_seq_len_kv: int, sm_scale: float, window: int, causal: bool,
-                broadcast_q: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                broadcast_q: bool, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return bwd_launch(q, k, v, o, lse, do, None if broadcast_q else q_offsets, kv_offsets, max_seq_len_q,
                       max_seq_len_kv, sm_scale=sm_scale, window=None if window == _NO_WINDOW else window,
-                      causal=causal, broadcast_q=broadcast_q)
+                      causal=causal, broadcast_q=broadcast_q, dq="deterministic" if deterministic else None)
 
 
 @_jfa_bwd_op.register_fake
 def _(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal,
-      broadcast_q):
+      broadcast_q, deterministic=False):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, _schedule,
-     max_seq_len_kv, _work_tiles, _work_n, _work_m_blocks) = inputs
+     max_seq_len_kv, _work_tiles, _work_n, _work_m_blocks, deterministic) = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, o, lse)
-    ctx.args = (max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q)
+    ctx.args = (max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q, deterministic)
     # The log-sum-exp is returned for inspection and for the backward; no gradient flows through it.
     ctx.mark_non_differentiable(lse)
 
@@ -234,7 +347,7 @@ def _fwd_setup_context(ctx, inputs, output):
 def _fwd_backward(ctx, grad_o, _grad_lse):
     q, k, v, q_offsets, kv_offsets, o, lse = ctx.saved_tensors
     dq, dk, dv = _jfa_bwd_op(q, k, v, o, lse, grad_o, q_offsets, kv_offsets, *ctx.args)
-    return (dq, dk, dv) + (None, ) * 12
+    return (dq, dk, dv) + (None, ) * 13
 
 
 _jfa_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -242,8 +355,11 @@ _jfa_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale=None,
                            window_size=None, causal=False, broadcast_q=False, schedule="lpt", validate=True,
-                           return_lse=False, plan: AttentionPlan | None = None):
+                           return_lse=False, plan: AttentionPlan | None = None, deterministic=False):
     """Attention over packed variable-length sequences (SPEC §2).
+
+    `deterministic=True` makes the backward give the same bits every run: dQ is summed in a
+    fixed order by a kernel of its own instead of by atomic reduce-adds (slower; see kernels/bwd.py).
 
     `validate=False` skips the checks that read offsets values (one host sync on a GPU). `plan`
     (from `plan_attention`) reuses a work list built once for these offsets; without it the call
@@ -259,5 +375,6 @@ def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
     o, lse = _jfa_fwd_op(q, k, v, q_off, kv_offsets, int(max_seq_len_q), float(sm_scale),
                          _NO_WINDOW if window_size is None else int(window_size), bool(causal), bool(broadcast_q),
                          schedule, int(max_seq_len_kv), None if plan is None else plan.work.tiles,
-                         None if plan is None else plan.work.n_work, 0 if plan is None else plan.work.n_m_blocks)
+                         None if plan is None else plan.work.n_work, 0 if plan is None else plan.work.n_m_blocks,
+                         bool(deterministic))
     return (o, lse) if return_lse else o

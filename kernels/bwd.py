@@ -1,17 +1,25 @@
-"""Jagged Flash Attention backward for Hopper (sm_90a): the first, correct version.
+"""Jagged Flash Attention backward for Hopper (sm_90a).
 
-Plain Triton; `tl.dot` lowers to wgmma on sm_90. Two kernels:
+Triton (`tl.dot` lowers to wgmma on sm_90) with TLX for the dQ staging. Kernels:
 
 - `_jfa_bwd_delta`: delta = rowsum(dO * O) in fp32, `[H, rows]` like the log-sum-exp. It is the
   row term of the softmax gradient, dS = P * (dP - delta), computed once instead of once per
   KV block.
-- `_jfa_bwd`: one program per (batch, kv head, KV block of `BLOCK_N` keys). The program keeps
-  its K and V block resident, walks the query heads of the kv head's group and, for each, the
-  query blocks that can see this KV block, recomputing P from Q, K and the saved log-sum-exp.
-  dK and dV are summed over the whole group in registers and written once, so GQA needs no
-  second reduction pass. dQ is a sum over KV blocks (and, for broadcast-Q, over the batch too,
-  since every sequence reads the same Q rows); it is accumulated with fp32 atomic adds into a
-  zeroed `[rows_q, H, D]` buffer that the launcher converts to the input dtype.
+- `_jfa_bwd`: persistent. Its tiles are the valid (batch, kv head, KV block of `BLOCK_N` keys)
+  triples, block-innermost; the list is a prefix sum of KV blocks per sequence built on the GPU
+  (no host sync), decoded by binary search, so empty sequences make no tiles. Tiles are dealt
+  round-robin, or (dynamic) taken from an atomic queue. A tile keeps its K and V block resident,
+  walks the query heads of the kv head's group and, for each, the query blocks that can see
+  this KV block, recomputing P from Q, K and the saved log-sum-exp. dK and dV are summed over the
+  whole group in registers and written once, so GQA needs no second reduction pass.
+- dQ is a sum over KV blocks (and, for broadcast-Q, over the batch too, since every sequence
+  reads the same Q rows), accumulated in fp32 `[H * D, rows]` (transposed: a tile's dQ^T lands
+  on contiguous rows) and converted by the launcher. `DQ_MODE` picks how:
+  atomic: per-element fp32 atomic adds from registers (jagged Q's default);
+  tma (broadcast-Q's default): the block is staged in shared memory and added by a TMA reduce-add (`cp.reduce.async.bulk`),
+  `DQ_STAGES` buffers deep so the reduction of one block overlaps the next block's math;
+  none: `_jfa_bwd` computes no dQ and `_jfa_bwd_dq` computes it deterministically (fixed order,
+  no atomics; it recomputes P and dP, three more matmuls per block).
 
 The tiles are computed transposed (keys on the rows): P^T and dS^T are then the register
 operand (A) of the dV and dK matmuls, the only operand wgmma can take from registers, and K, V,
@@ -19,14 +27,23 @@ Q and dO stay in shared memory.
 
 Masks are the forward's (`fwd._tile_geometry`, `fwd._consume_block`): sequence end, symmetric
 window |i - j| <= W, causal bottom-right j <= i + Lk - Lq. Every tile is masked here; peeling the
-interior blocks, like the forward does, is left to the persistent warp-specialized version.
+interior blocks, like the forward does, is not done yet.
+
+Instrumentation (`PROFILE`, `jfa_prof.records` layout): one tile record per tile (BLOCK is the
+KV block, N_BLOCKS the query blocks visited), one span per program (role "compute"), and at
+level 2 the cycles spent in the dQ staging's wait-and-refill (site "dq_stage").
 """
+import os
+
 import triton
 import triton.language as tl
+import triton.language.extra.tlx as tlx
 
+from jfa_prof.kernels import profiling as prof
 from jfa_prof.kernels.registry import KernelVariant, provider
+from jfa_prof.records import BWD_ROLES, BWD_SITES
 
-BLOCK_N = 128  # keys per program: the dK/dV accumulators it owns
+BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
 # Query rows per inner step. The [BLOCK_N, BLOCK_M] score tiles and the dQ tile live beside the two
 # [BLOCK_N, D] fp32 accumulators; at D = 128, 64 rows no longer fit in 255 registers.
 BLOCK_M = 32
@@ -34,6 +51,36 @@ NUM_WARPS = 8  # two warpgroups: each owns 64 of the block's keys in every wgmma
 NUM_STAGES = 2  # the inner loop's lse/delta loads are issued one query block ahead
 DELTA_ROWS = 16  # rows per program of the delta kernel
 DELTA_WARPS = 4
+# The deterministic dQ kernel: a [64, D] fp32 accumulator, 64 keys per step; two warpgroups, since
+# with one the offset tiles and accumulator spill.
+DQ_BLOCK_M = 64
+DQ_BLOCK_N = 64
+DQ_WARPS = 8
+
+DQ_MODES = {"atomic": 0, "tma": 1, "none": 2}
+DQ_ATOMIC = tl.constexpr(DQ_MODES["atomic"])
+DQ_TMA = tl.constexpr(DQ_MODES["tma"])
+DQ_NONE = tl.constexpr(DQ_MODES["none"])
+DEFAULT_DQ_STAGES = 2
+
+
+def default_dq(broadcast_q: bool) -> str:
+    """How the op reduces dQ: broadcast-Q's batch sum, contended by every tile, through the TMA
+    reduce-add; jagged Q, where each sequence adds only into its own rows, through atomics (the TMA
+    box must start 16-byte aligned in dQ's row dimension, and sequences start on any row)."""
+    return "tma" if broadcast_q else "atomic"
+SCHEDULES = ("static", "dynamic")  # round-robin, or an atomic queue
+DEFAULT_SCHEDULE = "static"
+
+# Switches for `jfa-prof waterfall --pass bwd`: they make the gradients wrong on purpose, so
+# only `jfa_prof.ablations` reaches them (through `bwd_launch(ablate=)`), never the public op.
+ABLATIONS = {
+    "no_dq": (1, "no dQ at all: neither its matmul (dQ^T = K^T dS^T) nor its reduction; dK and dV still run"),
+    "dq_no_reduce": (2, "dQ computed and written with plain stores instead of atomic / TMA adds: the same "
+                        "bytes move, nothing is summed"),
+    "no_mask": (4, "no mask arithmetic (sequence end, window, causal) on the recomputed P"),
+}
+assert tuple(BWD_ROLES) == ("compute", ) and tuple(BWD_SITES) == ("dq_stage", )
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -84,27 +131,119 @@ def _query_block_range(n0, Lq, Lk, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.
     return m_lo, m_hi
 
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # Triton's interpreter has no inline asm, and no compiler hoisting to prevent either.
+    @triton.jit
+    def _opaque(x):
+        return x
+else:
+    @triton.jit
+    def _opaque(x):
+        """x, through an instruction the compiler may not move: offset tiles built from it are
+        rebuilt per tile instead of hoisted out of the persistent loop, where they would hold ~150
+        registers for the whole kernel and push the accumulators into local memory."""
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _find_tile(t, tile_cum, B, H_kv):
+    """(batch, kv head, KV block) of tile `t` in the block-innermost order: `tile_cum[b]` is the
+    number of KV blocks in sequences before b, so batch b owns tiles [tile_cum[b] * H_kv,
+    tile_cum[b + 1] * H_kv). A binary search keeps lo the last batch starting at or before t,
+    which skips empty sequences (they own no tiles)."""
+    lo = 0
+    hi = B
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        go = tl.load(tile_cum + mid) * H_kv <= t
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid)
+    first = tl.load(tile_cum + lo)
+    n_blocks = tl.load(tile_cum + lo + 1) - first
+    r = t - first * H_kv
+    return lo, r // n_blocks, r % n_blocks
+
+
+@triton.jit
+def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_stored,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, DQ_MODE: tl.constexpr, DQ_STAGES: tl.constexpr,
+              NO_REDUCE: tl.constexpr):
+    """Add a query block's dQ^T [HEAD_DIM, BLOCK_M] (fp32) into the [H * HEAD_DIM, rows_pad]
+    accumulator. NO_REDUCE (an ablation) overwrites instead: the bytes move, the sums are wrong."""
+    if DQ_MODE == DQ_ATOMIC:
+        offs = (h * HEAD_DIM + tl.arange(0, HEAD_DIM))[:, None].to(tl.int64) * rows_pad \
+            + (q_row0 + m0 + tl.arange(0, BLOCK_M))[None, :]
+        if NO_REDUCE:
+            tl.store(dq_ptr + offs, dq_t, mask=m_ok[None, :])
+        else:
+            # Relaxed: only the sum matters, and it is read after the kernel ends.
+            tl.atomic_add(dq_ptr + offs, dq_t, mask=m_ok[None, :], sem="relaxed")
+    else:
+        # TMA reduce-add from shared memory, DQ_STAGES buffers deep: the bulk copy of one block
+        # runs while the next block is computed. A buffer is refilled only once the copy that
+        # last read it has (at most DQ_STAGES - 1 newer copies in flight); the thread that issued
+        # the copies waits, and the CTA barrier holds the others until it has.
+        # Rows past the sequence end add exactly zero (their dS is zero), so the box needs no mask;
+        # past the tensor's end TMA clips it.
+        buf = tlx.local_view(dq_stage, n_stored % DQ_STAGES)
+        tlx.async_descriptor_store_wait(DQ_STAGES - 1)
+        tl.debug_barrier()
+        tlx.local_store(buf, dq_t)
+        tlx.fence_async_shared()
+        tl.debug_barrier()
+        if NO_REDUCE:
+            tlx.async_descriptor_store(dq_desc, buf, [h * HEAD_DIM, q_row0 + m0])
+        else:
+            tlx.async_descriptor_store(dq_desc, buf, [h * HEAD_DIM, q_row0 + m0], store_reduce="add")
+    return n_stored + 1
+
+
 # Lengths, head counts and the window change from batch to batch: specializing on their values
 # (== 1, divisible by 16) would recompile per batch and make the launched binary differ from the
 # one `jfa-prof spills` compiles from the registry.
-@triton.jit(do_not_specialize=["H", "GROUP", "n_kv_blocks", "Lq_bcast", "window", "total_rows", "dkv_heads"])
-def _jfa_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, q_offsets, kv_offsets,
-             sm_scale, H, GROUP, n_kv_blocks, Lq_bcast, window, total_rows, dkv_heads,
+@triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "rows_pad",
+                               "tiles_off", "tile_cap", "spans_off", "waits_off"])
+def _jfa_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dq_desc, dk_ptr, dv_ptr, q_offsets, kv_offsets,
+             tile_cum, queue, rec_ptr, sm_scale, H, GROUP, B, Lq_bcast, window, total_rows, dkv_heads, rows_pad,
+             tiles_off, tile_cap, spans_off, waits_off,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+             BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+             DQ_MODE: tl.constexpr, DQ_STAGES: tl.constexpr, DYNAMIC: tl.constexpr, PROFILE: tl.constexpr,
+             ABLATE: tl.constexpr):
     dtype: tl.constexpr = q_ptr.dtype.element_ty
-    # KV blocks innermost in the grid: neighbouring programs share the batch's Q rows in L2.
-    pid = tl.program_id(0)
-    blk = pid % n_kv_blocks
-    b_kvh = pid // n_kv_blocks
+    NO_DQ: tl.constexpr = (ABLATE & 1) != 0 or DQ_MODE == DQ_NONE
+    NO_REDUCE: tl.constexpr = (ABLATE & 2) != 0
+    NO_MASK: tl.constexpr = (ABLATE & 4) != 0
     H_kv = H // GROUP
-    b = b_kvh // H_kv
-    kvh = b_kvh % H_kv
-    kv_start = tl.load(kv_offsets + b)
-    Lk = tl.load(kv_offsets + b + 1) - kv_start
-    n0 = blk * BLOCK_N
-    # The grid is sized by the longest sequence; shorter ones have nothing past their end.
-    if n0 < Lk:
+    n_tiles = tl.load(tile_cum + B) * H_kv
+    pid = tl.program_id(0)
+    n_progs = tl.num_programs(0)
+    if DQ_MODE == DQ_TMA:
+        dq_stage = tlx.local_alloc((HEAD_DIM, BLOCK_M), tl.float32, DQ_STAGES)
+    else:
+        dq_stage = 0
+    n_stored = 0
+    if PROFILE:
+        sm = prof.smid()
+        span_t0 = prof.globaltimer()
+        span_c0 = tlx.clock64()
+        n_done = 0
+        dq_wait = tl.zeros([], tl.int64)
+        dq_waits = tl.zeros([], tl.int64)
+    # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.
+    # Dealt round-robin, or (DYNAMIC) taken from a queue as programs free up.
+    if DYNAMIC:
+        t = tl.atomic_add(queue, 1, sem="relaxed")
+    else:
+        t = pid
+    while t < n_tiles:
+        if PROFILE:
+            t0 = prof.globaltimer()
+            c0 = tlx.clock64()
+        b, kvh, blk = _find_tile(t, tile_cum, B, H_kv)
+        kv_start = tl.load(kv_offsets + b)
+        Lk = tl.load(kv_offsets + b + 1) - kv_start
+        n0 = blk * BLOCK_N
         if BROADCAST_Q:
             Lq = Lq_bcast
             q_row0 = 0  # every sequence reads Q rows [0, Lq) ...
@@ -115,13 +254,13 @@ def _jfa_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv
             o_row0 = q_row0
         n_ids = n0 + tl.arange(0, BLOCK_N)
         n_ok = n_ids < Lk
-        kv_row_offs = _row_offsets(BLOCK_N, H_kv * HEAD_DIM, HEAD_DIM)
+        kv_row_offs = _row_offsets(BLOCK_N, _opaque(H_kv * HEAD_DIM), HEAD_DIM)
         kv_base = _head_base(kv_start + n0, H_kv, kvh, HEAD_DIM)
         k = tl.load(k_ptr + kv_base + kv_row_offs, mask=n_ok[:, None], other=0.0)
         v = tl.load(v_ptr + kv_base + kv_row_offs, mask=n_ok[:, None], other=0.0)
         m_lo, m_hi = _query_block_range(n0, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
         qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
-        q_row_offs = _row_offsets(BLOCK_M, H * HEAD_DIM, HEAD_DIM)
+        q_row_offs = _row_offsets(BLOCK_M, _opaque(H * HEAD_DIM), HEAD_DIM)
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         for g in range(GROUP):
@@ -138,53 +277,173 @@ def _jfa_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv
                 lse = tl.load(lse_ptr + stat_offs, mask=m_ok, other=0.0)
                 delta = tl.load(delta_ptr + stat_offs, mask=m_ok, other=0.0)
 
-                visible = n_ok[:, None] & m_ok[None, :]
-                if HAS_WINDOW:
-                    diff = m_ids[None, :] - n_ids[:, None]
-                    visible = visible & (diff <= window) & (diff >= -window)
-                if CAUSAL:
-                    visible = visible & (n_ids[:, None] <= m_ids[None, :] + (Lk - Lq))
                 # P recomputed from the saved log-sum-exp. A row that saw no key has lse = -inf
                 # and no visible entry, so the select, not the exponential, makes its P zero.
                 qk_t = tl.dot(k, tl.trans(q))
-                p_t = tl.where(visible, tl.math.exp2(qk_t * qk_scale - lse[None, :] * _LOG2E), 0.0)
+                p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :] * _LOG2E)
+                if not NO_MASK:
+                    visible = n_ok[:, None] & m_ok[None, :]
+                    if HAS_WINDOW:
+                        diff = m_ids[None, :] - n_ids[:, None]
+                        visible = visible & (diff <= window) & (diff >= -window)
+                    if CAUSAL:
+                        visible = visible & (n_ids[:, None] <= m_ids[None, :] + (Lk - Lq))
+                    p_t = tl.where(visible, p_t, 0.0)
                 dv += tl.dot(p_t.to(dtype), do)
                 dp_t = tl.dot(v, tl.trans(do))
                 ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
                 dk += tl.dot(ds_t, q)
-                # dQ^T = K^T dS^T keeps the block's 128 keys as the reduction dimension and the head
-                # dim as wgmma's M; dS^T dotted the other way round would have only BLOCK_M rows,
-                # too few for wgmma, and fall back to mma.sync with K copied into registers.
-                dq_t = tl.dot(tl.trans(k), ds_t) * sm_scale
-                # Relaxed: only the sum matters, and it is read after the kernel ends.
-                tl.atomic_add(dq_ptr + q_base + tl.trans(q_row_offs), dq_t, mask=m_ok[None, :], sem="relaxed")
+                if not NO_DQ:
+                    # dQ^T = K^T dS^T keeps the block's 128 keys as the reduction dimension and the
+                    # head dim as wgmma's M; dS^T dotted the other way round would have only BLOCK_M
+                    # rows, too few for wgmma, and fall back to mma.sync with K copied to registers.
+                    dq_t = tl.dot(tl.trans(k), ds_t) * sm_scale
+                    if PROFILE >= 2 and DQ_MODE == DQ_TMA:
+                        w0 = tlx.clock64()
+                    n_stored = _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad,
+                                         n_stored, HEAD_DIM, BLOCK_M, DQ_MODE, DQ_STAGES, NO_REDUCE)
+                    if PROFILE >= 2 and DQ_MODE == DQ_TMA:
+                        dq_wait += tlx.clock64() - w0
+                        dq_waits += 1
         # Keys no query sees still get their (zero) rows written: dK and dV come from torch.empty.
         # The store's offsets and mask are built here from values the K/V load did not use (dK's
         # own head count, the rows left in the sequence), so the compiler cannot merge them with
         # the load's and keep a [BLOCK_N, HEAD_DIM] offset and mask tile alive across the loop,
         # where the dK/dV accumulators need the registers.
-        dkv_offs = _row_offsets(BLOCK_N, dkv_heads * HEAD_DIM, HEAD_DIM)
+        dkv_offs = _row_offsets(BLOCK_N, _opaque(dkv_heads * HEAD_DIM), HEAD_DIM)
         rows_left = tl.arange(0, BLOCK_N) < Lk - n0
         tl.store(dk_ptr + kv_base + dkv_offs, (dk * sm_scale).to(dtype), mask=rows_left[:, None])
         tl.store(dv_ptr + kv_base + dkv_offs, dv.to(dtype), mask=rows_left[:, None])
+        if PROFILE:
+            prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, sm, t, b, kvh, blk, Lk,
+                            (m_hi - m_lo) * GROUP, t0, prof.globaltimer(), c0, tlx.clock64(), 0)
+            n_done += 1
+        if DYNAMIC:
+            t = tl.atomic_add(queue, 1, sem="relaxed")
+        else:
+            t += n_progs
+    if DQ_MODE == DQ_TMA:
+        tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
+    if PROFILE:
+        prof.write_span(rec_ptr, spans_off, pid, 0, 1, sm, span_t0, prof.globaltimer(), span_c0, tlx.clock64(),
+                        n_done)
+        if PROFILE >= 2:
+            prof.write_wait(rec_ptr, waits_off, pid, 0, 1, 0, 1, dq_wait, dq_waits)
+
+
+@triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_pad", "batch_chunk"])
+def _jfa_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_offsets, kv_offsets, sm_scale, H, GROUP,
+                B, Lq_bcast, window, total_rows, rows_pad, batch_chunk,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Deterministic dQ: one program per (query block, head, part) sums dS K over its KV blocks in
+    a fixed order and stores, no atomics. For broadcast-Q a part is a fixed run of `batch_chunk`
+    sequences writing its own slice of `dq_ptr` ([parts, H * HEAD_DIM, rows_pad]), which the
+    launcher sums in a fixed order; for jagged Q a part is one sequence (its rows are its own)."""
+    dtype: tl.constexpr = q_ptr.dtype.element_ty
+    m_blk = tl.program_id(0)
+    h = tl.program_id(1)
+    part = tl.program_id(2)
+    H_kv = H // GROUP
+    kvh = h // GROUP
+    m0 = m_blk * BLOCK_M
+    m_ids = m0 + tl.arange(0, BLOCK_M)
+    q_row_offs = _row_offsets(BLOCK_M, H * HEAD_DIM, HEAD_DIM)
+    qk_scale = sm_scale * _LOG2E
+    if BROADCAST_Q:
+        b_lo = part * batch_chunk
+        b_hi = tl.minimum(b_lo + batch_chunk, B)
+        q_row0 = 0
+        Lq = Lq_bcast
+        slice_base = part.to(tl.int64) * H * HEAD_DIM * rows_pad
+    else:
+        b_lo = part
+        b_hi = part + 1
+        q_row0 = tl.load(q_offsets + part)
+        Lq = tl.load(q_offsets + part + 1) - q_row0
+        slice_base = tl.zeros([], tl.int64)
+    m_ok = m_ids < Lq
+    if m0 < Lq:
+        q = tl.load(q_ptr + _head_base(q_row0 + m0, H, h, HEAD_DIM) + q_row_offs, mask=m_ok[:, None], other=0.0)
+        dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for b in range(b_lo, b_hi):
+            kv_start = tl.load(kv_offsets + b)
+            Lk = tl.load(kv_offsets + b + 1) - kv_start
+            o_row0 = b * Lq_bcast if BROADCAST_Q else q_row0
+            stat_offs = h.to(tl.int64) * total_rows + o_row0 + m_ids
+            do = tl.load(do_ptr + _head_base(o_row0 + m0, H, h, HEAD_DIM)
+                         + _row_offsets(BLOCK_M, _opaque(H * HEAD_DIM), HEAD_DIM), mask=m_ok[:, None], other=0.0)
+            lse = tl.load(lse_ptr + stat_offs, mask=m_ok, other=0.0)
+            delta = tl.load(delta_ptr + stat_offs, mask=m_ok, other=0.0)
+            # KV blocks any row of this query block can see (the forward's `_tile_geometry`).
+            n_lo = 0
+            n_hi = Lk
+            if HAS_WINDOW:
+                n_lo = tl.maximum(m0 - window, 0)
+                n_hi = tl.minimum(n_hi, m0 + BLOCK_M + window)
+            if CAUSAL:
+                n_hi = tl.minimum(n_hi, m0 + BLOCK_M + Lk - Lq)
+            for n0 in range((n_lo // BLOCK_N) * BLOCK_N, n_hi, BLOCK_N):
+                n_ids = n0 + tl.arange(0, BLOCK_N)
+                n_ok = n_ids < Lk
+                kv_base = _head_base(kv_start + n0, H_kv, kvh, HEAD_DIM)
+                kv_row_offs = _row_offsets(BLOCK_N, _opaque(H_kv * HEAD_DIM), HEAD_DIM)
+                k = tl.load(k_ptr + kv_base + kv_row_offs, mask=n_ok[:, None], other=0.0)
+                v = tl.load(v_ptr + kv_base + kv_row_offs, mask=n_ok[:, None], other=0.0)
+                visible = m_ok[:, None] & n_ok[None, :]
+                if HAS_WINDOW:
+                    diff = m_ids[:, None] - n_ids[None, :]
+                    visible = visible & (diff <= window) & (diff >= -window)
+                if CAUSAL:
+                    visible = visible & (n_ids[None, :] <= m_ids[:, None] + (Lk - Lq))
+                p = tl.where(visible, tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None] * _LOG2E), 0.0)
+                dp = tl.dot(do, tl.trans(v))
+                ds = (p * (dp - delta[:, None])).to(dtype)
+                dq += tl.dot(ds, k)
+        offs = (h * HEAD_DIM + tl.arange(0, HEAD_DIM))[None, :].to(tl.int64) * rows_pad + (q_row0 + m_ids)[:, None]
+        tl.store(dq_ptr + slice_base + offs, dq * sm_scale, mask=m_ok[:, None])
 
 
 # ---------------------------------------------------------------------------------------------
 # Variants: every constexpr combination the op can launch, by name.
 # ---------------------------------------------------------------------------------------------
-def bwd_signature(dtype: str) -> dict[str, str]:
+def bwd_signature(dtype: str, head_dim: int) -> dict[str, str]:
     sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "do_ptr": f"*{dtype}",
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*fp32", "dk_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}",
-           "q_offsets": "*i32", "kv_offsets": "*i32", "sm_scale": "fp32"}
-    for name in ("H", "GROUP", "n_kv_blocks", "Lq_bcast", "window", "total_rows", "dkv_heads"):
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*fp32",
+           "dq_desc": f"tensordesc<fp32[{head_dim},{BLOCK_M}]>",
+           "dk_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}", "q_offsets": "*i32", "kv_offsets": "*i32",
+           "tile_cum": "*i32", "queue": "*i32", "rec_ptr": "*i64", "sm_scale": "fp32"}
+    for name in ("H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "rows_pad", "tiles_off",
+                 "tile_cap", "spans_off", "waits_off"):
+        sig[name] = "i32"
+    for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "DQ_MODE", "DQ_STAGES",
+                 "DYNAMIC", "PROFILE", "ABLATE"):
+        sig[name] = "constexpr"
+    return sig
+
+
+def bwd_constexprs(*, head_dim, broadcast_q, causal, has_window, dq="tma", dq_stages=DEFAULT_DQ_STAGES,
+                   schedule=DEFAULT_SCHEDULE, profile=0, ablate=0) -> dict:
+    """`dq`: "atomic", "tma" or "deterministic" (this kernel then leaves dQ to `_jfa_bwd_dq`)."""
+    return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
+            "CAUSAL": causal, "HAS_WINDOW": has_window,
+            "DQ_MODE": DQ_MODES["none" if dq == "deterministic" else dq], "DQ_STAGES": dq_stages,
+            "DYNAMIC": schedule == "dynamic", "PROFILE": int(profile), "ABLATE": ablate}
+
+
+def dq_signature(dtype: str) -> dict[str, str]:
+    sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "do_ptr": f"*{dtype}",
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*fp32", "q_offsets": "*i32", "kv_offsets": "*i32",
+           "sm_scale": "fp32"}
+    for name in ("H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_pad", "batch_chunk"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW"):
         sig[name] = "constexpr"
     return sig
 
 
-def bwd_constexprs(*, head_dim, broadcast_q, causal, has_window) -> dict:
-    return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
+def dq_constexprs(*, head_dim, broadcast_q, causal, has_window) -> dict:
+    return {"HEAD_DIM": head_dim, "BLOCK_M": DQ_BLOCK_M, "BLOCK_N": DQ_BLOCK_N, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window}
 
 
@@ -201,24 +460,50 @@ def delta_constexprs(*, head_dim) -> dict:
 MODES = {"bcast": (True, False, False), "bcast-window": (True, False, True), "jagged": (False, False, False),
          "jagged-causal": (False, True, False), "jagged-window": (False, False, True),
          "jagged-causal-window": (False, True, True)}
+# dQ reductions by variant-name part: (dq mode, staging buffers).
+DQ_VARIANTS = {"tma2": ("tma", 2), "tma1": ("tma", 1), "atomic": ("atomic", 1), "det": ("deterministic", 1)}
+
+
+def _main_variant(mode, dtype, head_dim, dq_name, schedule="static", profile=0) -> KernelVariant:
+    broadcast_q, causal, has_window = MODES[mode]
+    dq, stages = DQ_VARIANTS[dq_name]
+    name = f"bwd/{mode}/{dtype}/d{head_dim}/{dq_name}"
+    if schedule != DEFAULT_SCHEDULE:
+        name += f"/{schedule}"
+    if profile:
+        name += f"/prof{profile}"
+    return KernelVariant(
+        name=name, kernel=_jfa_bwd, signature=bwd_signature(dtype, head_dim),
+        constexprs=bwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal, has_window=has_window,
+                                  dq=dq, dq_stages=stages, schedule=schedule, profile=profile),
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+        tags={"pass": "bwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim), "dq": dq_name,
+              "schedule": schedule, "profile": str(profile)})
 
 
 @provider
 def bwd_variants() -> list[KernelVariant]:
-    """The main backward kernel per mask mode, dtype and head dim, plus the delta kernel per dtype
-    and head dim (it has no mask, so one variant serves every mode)."""
+    """Per mask mode, dtype and head dim: the main kernel with the op's dQ reduction (TMA with 2
+    stages for broadcast-Q, atomics for jagged Q) and the deterministic pair (main kernel without dQ, dQ kernel); the delta kernel per
+    dtype and head dim (no mask, so one serves every mode). For broadcast-Q bf16 D=128, the HSP
+    case: every other dQ reduction, the dynamic queue, and both PROFILE levels."""
     out = []
     for dtype in ("bf16", "fp16"):
         for head_dim in (64, 128):
             for mode, (broadcast_q, causal, has_window) in MODES.items():
+                out.append(_main_variant(mode, dtype, head_dim, "tma2" if broadcast_q else "atomic"))
+                out.append(_main_variant(mode, dtype, head_dim, "det"))
                 out.append(KernelVariant(
-                    name=f"bwd/{mode}/{dtype}/d{head_dim}", kernel=_jfa_bwd, signature=bwd_signature(dtype),
-                    constexprs=bwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal,
-                                              has_window=has_window),
-                    num_warps=NUM_WARPS, num_stages=NUM_STAGES,
-                    tags={"pass": "bwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim)}))
+                    name=f"bwd/{mode}/{dtype}/d{head_dim}/dq-det", kernel=_jfa_bwd_dq, signature=dq_signature(dtype),
+                    constexprs=dq_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal,
+                                             has_window=has_window),
+                    num_warps=DQ_WARPS, num_stages=NUM_STAGES,
+                    tags={"pass": "bwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim), "dq": "det-dq"}))
             out.append(KernelVariant(
                 name=f"bwd/delta/{dtype}/d{head_dim}", kernel=_jfa_bwd_delta, signature=delta_signature(dtype),
                 constexprs=delta_constexprs(head_dim=head_dim), num_warps=DELTA_WARPS, num_stages=1,
                 tags={"pass": "bwd", "mode": "delta", "dtype": dtype, "head_dim": str(head_dim)}))
+    out += [_main_variant("bcast", "bf16", 128, dq) for dq in ("tma1", "atomic")]
+    out += [_main_variant("bcast", "bf16", 128, "tma2", schedule="dynamic")]
+    out += [_main_variant("bcast", "bf16", 128, "tma2", profile=p) for p in (1, 2)]
     return out

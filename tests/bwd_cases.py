@@ -78,8 +78,9 @@ def assert_errors(name: str, e: dict, dtype: str) -> None:
     assert e["zero"] <= ZERO_TOL, f"{name}: {e['zero']:.2e} where the gradient is exactly 0"
 
 
-def run_backward(q, k, v, q_off, kv_off, *, window=None, causal=False, max_kv=None):
-    """The backward kernels on reference O / lse, into NaN-poisoned dK/dV; returns (got, ref)."""
+def run_backward(q, k, v, q_off, kv_off, *, window=None, causal=False, max_kv=None, **options):
+    """The backward kernels on reference O / lse, into NaN-poisoned dK/dV; returns (got, ref).
+    `options` go to `bwd_launch` (dq reduction, schedule)."""
     import torch
 
     from jfa_prof.kernels.attention import bwd_launch
@@ -96,7 +97,7 @@ def run_backward(q, k, v, q_off, kv_off, *, window=None, causal=False, max_kv=No
     dk_out = torch.full_like(k, float("nan"))
     dv_out = torch.full_like(v, float("nan"))
     got = bwd_launch(q, k, v, o.to(q.dtype), lse, do, q_off, kv_off, max_q, max_kv, sm_scale=1 / math.sqrt(q.shape[2]),
-                     window=window, causal=causal, broadcast_q=broadcast, dk_out=dk_out, dv_out=dv_out)
+                     window=window, causal=causal, broadcast_q=broadcast, dk_out=dk_out, dv_out=dv_out, **options)
     if q.is_cuda:
         torch.cuda.synchronize()
     return got, ref
@@ -131,7 +132,9 @@ def _main(cases_json: str) -> None:
     for kw in json.loads(cases_json):
         kw = dict(kw)
         window, causal = kw.pop("window", None), kw.pop("causal", False)
-        got, ref = run_backward(*make_case("cpu", **kw), window=window, causal=causal)
+        # The TMA reduce-add needs the GPU: here dQ goes through atomics or the deterministic kernel.
+        options = {"dq": kw.pop("dq", "atomic"), "schedule": kw.pop("schedule", "static")}
+        got, ref = run_backward(*make_case("cpu", **kw), window=window, causal=causal, **options)
         print(json.dumps({name: {**grad_errors(g, r), "dtype": str(g.dtype).removeprefix("torch."),
                                  "shape_ok": g.shape == r.shape}
                           for name, g, r in zip(("dq", "dk", "dv"), got, ref)}), flush=True)

@@ -40,7 +40,7 @@ def test_plan_errors(fake_kernel):
         ablations.ablation_plan("fwd", ["no_exp", "no_exp"])
     with pytest.raises(BadInputError, match="unknown pass"):
         ablations.available_ablations("both")
-    # The backward kernel is not there yet: a clear error, not an ImportError.
+    # A pass whose kernel does not import: a clear error, not an ImportError.
     with pytest.raises(JfaProfError, match="no bwd kernel to ablate"):
         ablations.available_ablations("bwd")
     fake_kernel["jfa_prof.kernels.fwd"] = types.SimpleNamespace()
@@ -53,6 +53,22 @@ def test_the_real_kernel_publishes_the_four_switches():
     assert names == ["no_o_store", "no_exp", "reuse_kv", "no_mask"]
     bits = [a.bit for a in ablations.available_ablations("fwd")]
     assert len(set(bits)) == 4 and all(b and not b & (b - 1) for b in bits)  # distinct single bits
+
+
+def test_the_backward_publishes_its_switches_and_options():
+    names = [a.name for a in ablations.available_ablations("bwd")]
+    assert names == ["no_dq", "dq_no_reduce", "no_mask"]
+    bits = [a.bit for a in ablations.available_ablations("bwd")]
+    assert len(set(bits)) == 3 and all(b and not b & (b - 1) for b in bits)
+    assert ablations.default_schedule("fwd") == "lpt" and ablations.default_schedule("bwd") == "static"
+    assert ablations.bwd_dq("tma") == ("tma", 2) and ablations.bwd_dq("tma1") == ("tma", 1)
+    assert ablations.default_dq_name(True) == "tma" and ablations.default_dq_name(False) == "atomic"
+    with pytest.raises(BadInputError, match="unknown dQ reduction 'fast'"):
+        ablations.bwd_dq("fast")
+    with pytest.raises(BadInputError, match="unknown bwd schedule 'lpt'"):
+        ablations.check_schedule("bwd", "lpt")
+    with pytest.raises(BadInputError, match="--dq applies to the backward only"):
+        ablations.make_launcher(None, "fwd", "lpt", dq="tma")
 
 
 def _fake_time(mask):
@@ -162,3 +178,23 @@ def test_real_ablations_on_the_gpu(cuda_device):
     o = launcher(0)()[0]
     ref = reference_attention(x.q, x.k, x.v, None, x.kv_offsets, broadcast_q=True)[0]
     assert float((o.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["tma", "tma1", "atomic"])
+def test_real_backward_ablations_on_the_gpu(cuda_device, dq):
+    from jfa_prof import bench
+    from jfa_prof.inputs import Workload
+
+    w = Workload("hsp", B=64, H=4, H_kv=4, D=128, Lq=128, max_kv=1024, sparsity=0.5, broadcast_q=True)
+    x = w.make(cuda_device)
+    launcher = ablations.make_launcher(x, "bwd", dq=dq)
+    t = measure_waterfall(launcher, ablations.ablation_plan("bwd"), pass_="bwd", cumulative=True, rep_ms=20,
+                          warmup_ms=5)
+    assert t.baseline_ms > 0 and all(a.alone_ms > 0 and a.cumulative_ms > 0 for a in t.ablations)
+    # The baseline is the right backward (its upstream gradient is the bench's), and no_dq really
+    # leaves dQ out while dK and dV stay right.
+    ref = bench.reference_output(x, "bwd")
+    assert bench.rel_err(launcher(0)(), ref) < 2e-2
+    dq0, dk, dv = launcher(1)()
+    assert not dq0.any() and bench.rel_err((dk, dv), ref[1:]) < 2e-2

@@ -105,9 +105,21 @@ def test_torch_compile_fullgraph_captures_both_passes(broadcast):
     (bwd, ) = calls(graphs["backward"], "jfa_prof.jfa_bwd")
     assert not calls(graphs["forward"], "jfa_prof.jfa_bwd") and not calls(graphs["backward"], "jfa_prof.jfa_fwd")
     # The backward gets the scalars the forward was called with: max lengths, scale, window, flags.
+    # (deterministic, false by default, is left out of the traced call.)
     assert list(bwd.args[8:]) == [LQ if broadcast else max(Q_LENGTHS), max(KV_LENGTHS), 1 / math.sqrt(D), 16,
                                   False, broadcast]
-    assert fwd.args[-1] == max(KV_LENGTHS)
+    assert fwd.args[11] == max(KV_LENGTHS)
+
+
+def test_deterministic_reaches_the_backward():
+    torch._dynamo.reset()
+    graphs = {}
+    step = torch.compile(lambda q, k, v, q_off, kv_off: _attend(q, k, v, q_off, kv_off, deterministic=True),
+                         backend=_recording_backend(graphs), fullgraph=True)
+    o = step(*_inputs(broadcast=True))
+    o.sum().backward()
+    (bwd, ) = [n for n in graphs["backward"].graph.nodes if str(n.target).startswith("jfa_prof.jfa_bwd")]
+    assert len(bwd.args) == 15 and bwd.args[14] is True
 
 
 def test_backward_variants_are_registered():
@@ -116,9 +128,12 @@ def test_backward_variants_are_registered():
     names = {v.name for v in all_variants()}
     for dtype in ("bf16", "fp16"):
         for d in (64, 128):
-            for mode in ("bcast", "bcast-window", "jagged", "jagged-causal", "jagged-window", "jagged-causal-window",
-                         "delta"):
-                assert f"bwd/{mode}/{dtype}/d{d}" in names
+            assert f"bwd/delta/{dtype}/d{d}" in names
+            for mode in ("bcast", "bcast-window", "jagged", "jagged-causal", "jagged-window", "jagged-causal-window"):
+                # The op's reduction (TMA reduce-add for broadcast-Q, atomics for jagged), and the
+                # deterministic pair (no dQ, then the dQ kernel).
+                for dq in ("tma2" if mode.startswith("bcast") else "atomic", "det", "dq-det"):
+                    assert f"bwd/{mode}/{dtype}/d{d}/{dq}" in names
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------
@@ -136,6 +151,7 @@ def test_opcheck(cuda_device, broadcast):
     bwd_args = (q.detach(), k.detach(), v.detach(), o.detach(), lse, do, kv_off if broadcast else q_off, kv_off,
                 max_q, max(KV_LENGTHS), 1 / math.sqrt(D), -1, not broadcast, broadcast)
     torch.library.opcheck(torch.ops.jfa_prof.jfa_bwd.default, bwd_args)
+    torch.library.opcheck(torch.ops.jfa_prof.jfa_bwd.default, (*bwd_args, True))  # deterministic
 
 
 @pytest.mark.gpu

@@ -203,11 +203,18 @@ def test_unknown_peer():
         bench.peer_status(["fa3"])
 
 
-def test_bwd_peers_not_yet():
-    from jfa_prof.errors import JfaProfError
+def test_unknown_pass():
+    with pytest.raises(BadInputError, match="unknown pass 'dq'"):
+        bench.peer_impls(None, ["fa4"], "dq")
 
-    with pytest.raises(JfaProfError, match="no bwd peers yet"):
-        bench.peer_impls(None, ["fa4"], "bwd")
+
+def test_bwd_names_and_impls():
+    assert bench.impl_names(["fa4"], ("lpt", "dynamic"), "bwd") == ["jfa-lpt", "jfa-dynamic", "fa4"]
+    assert bench.impl_names(["fa4"], ("lpt",)) == ["jfa-lpt", "jfa-lpt-planned", "fa4"]
+    x = SMALL[0].make("cpu", dtype=torch.float32)
+    assert [i.name for i in bench.jfa_impls(x, ("lpt",), "bwd")] == ["jfa-lpt"]
+    assert [(i.name, i.kind) for i in bench.peer_impls(x, ["varlen", "sdpa"], "bwd")] == [
+        ("torch-varlen", "peer"), ("torch-sdpa", "peer")]
 
 
 SMALL = [
@@ -268,6 +275,31 @@ def test_flex_and_sdpa_inputs_give_the_reference(w):
     assert bench.rel_err(output(run()), ref, rows) < 1e-5
 
 
+@pytest.mark.parametrize("w", SMALL, ids=lambda w: w.label)
+def test_backward_of_the_padded_sdpa_peer_gives_the_reference_gradients(w):
+    """The bwd bench's plumbing on the CPU: leaves, the fixed upstream gradient, dQ summed over
+    the batch for broadcast-Q (autograd through the repeated Q), compared part by part."""
+    x = w.make("cpu", dtype=torch.float32)
+    ref = bench.reference_output(x, "bwd")
+    run, output = bench._backward(x, bench._sdpa)
+    grads = output(run())
+    assert [g.shape for g in grads] == [x.q.shape, x.k.shape, x.v.shape]
+    assert bench.rel_err(grads, ref) < 1e-5
+    assert bench.rel_err(output(run()), grads) == 0.0  # the graph is kept: timing can repeat it
+    # A wrong dK shows even though dQ and dV are right.
+    assert bench.rel_err((grads[0], grads[1] * 1.1, grads[2]), ref) > 0.05
+
+
+def test_upstream_grad_is_fixed_and_zero_where_no_key_is_seen():
+    w = Workload("hsp", B=3, H=1, H_kv=1, D=64, Lq=8, max_kv=6, sparsity=0.3, broadcast_q=True, window=1)
+    x = w.make("cpu")
+    o = torch.empty(x.q.shape[0] * 3, 1, 64, dtype=x.q.dtype)
+    g = bench.upstream_grad(x, o)
+    assert g.dtype == x.q.dtype and torch.equal(g, bench.upstream_grad(x, o))
+    rows = bench.rows_seeing_keys(x)
+    assert (g[~rows] == 0).all() and (g[rows] != 0).any(dim=-1).all()
+
+
 def test_rows_seeing_keys_and_rel_err():
     w = Workload("hsp", B=3, H=1, H_kv=1, D=64, Lq=8, max_kv=6, sparsity=0.3, broadcast_q=True, window=1)
     x = w.make("cpu")
@@ -305,3 +337,15 @@ def test_run_bench_small_point(cuda_device):
     assert first["impls"]["jfa-lpt"]["rel_err_vs_first"] == 0.0
     assert all("rel_err_vs_ref" not in e for e in second["impls"].values())
     assert "host_ms" in first
+
+
+@pytest.mark.gpu
+def test_run_bench_backward_small_point(cuda_device):
+    w = Workload("hsp", B=64, H=4, H_kv=4, D=128, Lq=128, max_kv=512, sparsity=0.5, broadcast_q=True)
+    (rec,) = bench.run_bench([w], pass_="bwd", peers=["varlen", "fa4"], rep_ms=10, warmup_ms=5, device=cuda_device)
+    assert rec["pass"] == "bwd" and rec["flops"] == pytest.approx(2.5 * w.make("cpu").flops("fwd"))
+    e = rec["impls"]["jfa-lpt"]
+    assert e["rel_err_vs_ref"] < 2e-2 and e["ms"] > 0 and e["peak_mem_mb"] >= 0, e
+    for name, e in rec["impls"].items():
+        if "error" not in e:
+            assert e["rel_err_vs_ref"] < 2e-2, name

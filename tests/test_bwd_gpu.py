@@ -100,6 +100,89 @@ def test_autograd_through_the_op(cuda_device, mode):
     assert torch.isfinite(dq).all()
 
 
+@pytest.mark.parametrize("dq,stages,schedule", [("tma", 1, "static"), ("tma", 2, "dynamic"), ("atomic", 1, "static"),
+                                                 ("deterministic", 1, "dynamic")])
+@pytest.mark.parametrize("broadcast", [True, False], ids=["bcast", "jagged"])
+def test_every_dq_reduction_and_schedule(cuda_device, dq, stages, schedule, broadcast):
+    from jfa_prof.errors import BadInputError
+
+    q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=4, H_kv=2, D=128, Lq=200 if broadcast else None)
+    if dq == "tma" and not broadcast:
+        # Jagged sequences start on unaligned dQ rows, where a TMA box faults: refused up front.
+        with pytest.raises(BadInputError, match="needs broadcast-Q"):
+            run_backward(q, k, v, q_off, kv_off, dq=dq, dq_stages=stages, schedule=schedule)
+        return
+    _check(*run_backward(q, k, v, q_off, kv_off, dq=dq, dq_stages=stages, schedule=schedule), "bf16")
+
+
+def _bwd_args(cuda_device, lengths=LENGTHS):
+    import torch
+
+    q, k, v, q_off, kv_off = make_case(cuda_device, lengths, H=2, H_kv=2, D=128, Lq=200)
+    do = torch.randn(kv_off.numel() - 1, *q.shape, device=cuda_device).flatten(0, 1).to(q.dtype)
+    o, lse, _ = reference(q, k, v, q_off, kv_off, do)
+    args = (q, k, v, o.to(q.dtype), lse, do, None, kv_off, q.shape[0], max(lengths))
+    kw = dict(sm_scale=1 / math.sqrt(q.shape[2]), window=None, causal=False, broadcast_q=True)
+    return args, kw
+
+
+def test_deterministic_mode_gives_the_same_bits_every_run(cuda_device):
+    import torch
+
+    from jfa_prof.kernels.attention import bwd_launch
+
+    args, kw = _bwd_args(cuda_device, torch.randint(0, 700, (300, )).tolist())
+    runs = [bwd_launch(*args, **kw, dq="deterministic", schedule="dynamic") for _ in range(3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_instrumentation_records_every_tile_and_changes_no_bit(cuda_device, level):
+    import torch
+
+    from jfa_prof import records
+    from jfa_prof.kernels.attention import bwd_launch_recorded
+
+    args, kw = _bwd_args(cuda_device)
+    plain = bwd_launch_recorded(*args, **kw, dq="deterministic")
+    dq, dk, dv, rec, launch = bwd_launch_recorded(*args, **kw, dq="deterministic", profile=level)
+    assert all(torch.equal(a, b) for a, b in zip(plain[:3], (dq, dk, dv)))
+    parts = launch.layout.split(rec.cpu().numpy())
+    tiles = parts["tiles"][parts["tiles"][:, records.Tile.VALID] == 1]
+    expected = {(b, h, blk) for b, n in enumerate(LENGTHS) for h in range(2) for blk in range(-(-n // 128))}
+    got = {(int(t[records.Tile.BATCH]), int(t[records.Tile.HEAD]), int(t[records.Tile.BLOCK])) for t in tiles}
+    assert got == expected and len(tiles) == len(expected) and parts["header"][records.Header.DROPPED] == 0
+    assert (tiles[:, records.Tile.T_END] > tiles[:, records.Tile.T_START]).all()
+    assert (tiles[:, records.Tile.KV_LEN] == [LENGTHS[int(b)] for b in tiles[:, records.Tile.BATCH]]).all()
+    spans = parts["spans"][:, 0]
+    assert spans[:, records.Span.N_TILES].sum() == len(expected)
+
+
+def test_tma_waits_are_recorded_at_level_2(cuda_device):
+    from jfa_prof import records
+    from jfa_prof.kernels.attention import bwd_launch_recorded
+
+    args, kw = _bwd_args(cuda_device)
+    *_, rec, launch = bwd_launch_recorded(*args, **kw, dq="tma", profile=2)
+    waits = launch.layout.split(rec.cpu().numpy())["waits"][:, 0, records.BWD_SITES.index("dq_stage")]
+    # One staging per query block of every tile: Lq=200 is 7 blocks of 32 rows, 2 heads.
+    n_tiles = 2 * sum(-(-n // 128) for n in LENGTHS)
+    assert waits[:, records.Wait.COUNT].sum() == n_tiles * 7 and (waits[:, records.Wait.CYCLES] >= 0).all()
+
+
+def test_a_full_record_buffer_counts_the_drops(cuda_device):
+    from jfa_prof import records
+    from jfa_prof.kernels.attention import bwd_launch_recorded
+
+    args, kw = _bwd_args(cuda_device)
+    *_, rec, launch = bwd_launch_recorded(*args, **kw, profile=1, record_capacity=5)
+    parts = launch.layout.split(rec.cpu().numpy())
+    n_tiles = 2 * sum(-(-n // 128) for n in LENGTHS)
+    assert parts["header"][records.Header.DROPPED] == n_tiles - 5
+    assert parts["tiles"][:, records.Tile.VALID].sum() == 5
+
+
 def test_backward_is_deterministic_in_dk_dv(cuda_device):
     import torch
 
@@ -115,3 +198,17 @@ def test_backward_is_deterministic_in_dk_dv(cuda_device):
     _, dk0, dv0 = bwd_launch(*args, **kw)
     _, dk1, dv1 = bwd_launch(*args, **kw)
     assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
+
+
+def test_recorded_backward_trace_reads_back(cuda_device, tmp_path):
+    from jfa_prof.inputs import Workload
+    from jfa_prof.recording import record_bwd_workload
+    from jfa_prof.trace import read_trace, write_trace
+
+    w = Workload("hsp", B=64, H=4, H_kv=4, D=128, Lq=128, max_kv=1024, sparsity=0.5, broadcast_q=True)
+    tr = record_bwd_workload(w, "dynamic", level=2)
+    back = read_trace(write_trace(tmp_path / "bwd.jfatrace", tr.buffer, tr.meta))
+    assert back.meta["kernel"]["pass"] == "bwd" and back.dropped == 0
+    assert len(back.tiles) == back.meta["n_work"] > 0
+    # The records span the kernel: the makespan is within a few percent of CUPTI's duration.
+    assert 0.85 < back.makespan_ns / 1e6 / back.meta["kernel_ms"] <= 1.02

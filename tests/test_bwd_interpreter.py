@@ -32,6 +32,11 @@ CASES = [
     dict(lengths=LENGTHS, H=2, H_kv=2, D=64, window=0),
     # nothing but empty sequences
     dict(lengths=[0, 0], H=2, H_kv=2, D=64, Lq=33),
+    # the deterministic dQ kernel: batch parts summed in order (broadcast), one sequence per part (jagged)
+    dict(lengths=LENGTHS, H=4, H_kv=2, D=64, Lq=150, dq="deterministic"),
+    dict(lengths=LENGTHS, H=2, H_kv=1, D=64, q_lengths=Q_LENGTHS, causal=True, window=64, dq="deterministic"),
+    # tiles taken from the atomic queue
+    dict(lengths=LENGTHS, H=4, H_kv=2, D=64, Lq=70, schedule="dynamic"),
 ]
 
 
@@ -48,10 +53,29 @@ def results():
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[
     "bcast-gqa-d128", "bcast-window33", "jagged-window1-fp16", "causal", "causal-window-fp16", "window0",
-    "all-empty"])
+    "all-empty", "bcast-deterministic", "causal-window-deterministic", "bcast-dynamic"])
 def test_backward_matches_reference_in_interpreter(results, i):
     dtype = CASES[i].get("dtype", "bf16")
     for name, errors in results[i].items():
         assert errors["dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[dtype]
         assert errors["shape_ok"]
         assert_errors(name, errors, dtype)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"dq": "tma"}, "dq='tma' needs broadcast-Q"),
+    ({"dq": "fast"}, "unknown dq reduction 'fast'"),
+    ({"schedule": "lpt"}, "unknown backward schedule 'lpt'"),
+    ({"dq_stages": 4}, "dq_stages must be 1, 2 or 3"),
+])
+def test_bad_backward_options_are_refused_before_any_launch(options, message):
+    import torch
+
+    from jfa_prof.errors import BadInputError
+    from jfa_prof.kernels.attention import bwd_launch
+
+    q, k, v = (torch.zeros(10, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    off = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(BadInputError, match=message):
+        bwd_launch(q, k, v, q, torch.zeros(2, 10), q, off, off, 6, 6, sm_scale=0.125, window=None, causal=False,
+                   broadcast_q=False, **options)

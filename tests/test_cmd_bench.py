@@ -81,7 +81,7 @@ def test_bench_without_gpu_exits_3(no_gpu):
 
 @pytest.mark.parametrize("args, message", [
     (["--peers", "fa4,fa3"], "unknown peer(s): fa3"),
-    (["--pass", "bwd"], "no bwd bench yet"),
+    (["--pass", "dq"], "unknown pass 'dq'"),
     (["--schedule", "lpt,zigzag"], "unknown schedule(s): zigzag"),
     (["--grid", "sparse"], "unknown grid 'sparse'"),
     (["--label", "hsp Lq=64"], "no hsp workload labelled"),
@@ -152,10 +152,24 @@ def test_waterfall_without_gpu_exits_3(tmp_path, no_gpu):
 
 @pytest.mark.parametrize("args, message", [
     (["--pass", "both"], "unknown pass 'both'"),
-    (["--schedule", "zigzag"], "unknown schedule 'zigzag'"),
+    (["--schedule", "zigzag"], "unknown fwd schedule 'zigzag'"),
+    (["--pass", "bwd", "--schedule", "lpt"], "unknown bwd schedule 'lpt'"),
+    (["--dq", "tma"], "--dq applies to the backward only"),
+    (["--pass", "bwd", "--dq", "fast"], "unknown dQ reduction 'fast'"),
     (["--max-kv", "333"], "no hsp workload"),
 ])
 def test_waterfall_bad_options_exit_2(tmp_path, no_gpu, args, message):
     result = runner.invoke(app, ["waterfall", *args, "--out", str(tmp_path / "w.html")])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pass", "bwd", "--no-peel"], "--no-peel applies to the forward only"),
+    (["--dq", "tma"], "--dq applies to the backward only"),
+    (["--pass", "bwd", "--schedule", "lpt"], "unknown bwd schedule 'lpt'"),
+])
+def test_record_bad_options_exit_2(tmp_path, no_gpu, args, message):
+    result = runner.invoke(app, ["record", *args, "-o", str(tmp_path / "t.jfatrace")])
     assert result.exit_code == 2, result.output
     assert message in result.stderr

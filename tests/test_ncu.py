@@ -409,17 +409,23 @@ def test_find_ncu_uses_the_doctor_search(tmp_path, monkeypatch):
 def test_ncu_command_line():
     run = ncu_live.LiveRun(schedule="lpt", grid="hsp", lq=128, max_kv=1024, sparsity=0.5)
     target = ncu_live.target_argv(run, python="/usr/bin/python3")
-    assert target == ["/usr/bin/python3", "-m", "jfa_prof.ncu_target", "--schedule", "lpt", "--grid", "hsp",
-                      "--lq", "128", "--max-kv", "1024", "--sparsity", "0.5", "--launches", "3"]
+    assert target == ["/usr/bin/python3", "-m", "jfa_prof.ncu_target", "--pass", "fwd", "--schedule", "lpt",
+                      "--grid", "hsp", "--lq", "128", "--max-kv", "1024", "--sparsity", "0.5", "--launches", "3"]
     argv = ncu_live.ncu_argv("/opt/ncu", "out/fwd_lpt.ncu-rep", target)
-    assert argv == ["/opt/ncu", "--clock-control", "none", "-k", "regex:_jfa_fwd", "-s", "2", "-c", "1",
+    assert argv == ["/opt/ncu", "--clock-control", "none", "-k", "regex:^_jfa_fwd$", "-s", "2", "-c", "1",
                     "--metrics", ncu_metrics.metric_list("sm_90"), "--section", "WarpStateStats",
                     "-o", "out/fwd_lpt", "-f", *target]
     # -o without the suffix means the same file
     assert ncu_live.ncu_argv("/opt/ncu", "out/fwd_lpt", target) == argv
     nopeel = ncu_live.LiveRun(schedule="dynamic", peel=False, seed=3)
     assert nopeel.tag == "dynamic-nopeel"
-    assert nopeel.target_args() == ["--schedule", "dynamic", "--grid", "hsp", "--seed", "3", "--no-peel"]
+    assert nopeel.target_args() == ["--pass", "fwd", "--schedule", "dynamic", "--grid", "hsp", "--seed", "3",
+                                    "--no-peel"]
+    # The backward: its own kernel only (not the delta or dQ kernels), its reduction in the tag.
+    bwd = ncu_live.LiveRun(schedule="static", pass_="bwd", dq="tma1")
+    assert bwd.tag == "bwd-static-tma1" and bwd.target_args()[:6] == ["--pass", "bwd", "--schedule", "static",
+                                                                      "--grid", "hsp"]
+    assert "regex:^_jfa_bwd$" in ncu_live.ncu_argv("/opt/ncu", "b", ncu_live.target_argv(bwd), pass_="bwd")
 
 
 def test_target_parses_what_the_command_line_passes():
@@ -431,9 +437,15 @@ def test_target_parses_what_the_command_line_passes():
     assert args.launches == ncu_target.WARMUP_LAUNCHES + ncu_target.PROFILED_LAUNCHES
 
 
-def test_target_rejects_bad_input_before_touching_a_gpu(capsys):
-    assert ncu_target.main(["--schedule", "nope"]) == 2
-    assert "unknown schedule 'nope'" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, message", [
+    (["--schedule", "nope"], "unknown fwd schedule 'nope'"),
+    (["--pass", "bwd", "--schedule", "lpt"], "unknown bwd schedule 'lpt'"),
+    (["--dq", "tma"], "--dq applies to the backward only"),
+    (["--pass", "bwd", "--dq", "fast"], "unknown dQ reduction 'fast'"),
+])
+def test_target_rejects_bad_input_before_touching_a_gpu(capsys, argv, message):
+    assert ncu_target.main(argv) == 2
+    assert message in capsys.readouterr().err
 
 
 def _completed(stdout, code=0):
@@ -500,10 +512,11 @@ def test_live_run_with_a_stand_in_ncu(fake_ncu, tmp_path):
                                  "--sparsity", "0.5", "--json"])
     assert result.exit_code == 0, result.output
     (call,) = fake_ncu()
-    assert call[:call.index("--metrics")] == ["--clock-control", "none", "-k", "regex:_jfa_fwd", "-s", "2", "-c", "1"]
+    assert call[:call.index("--metrics")] == ["--clock-control", "none", "-k", "regex:^_jfa_fwd$", "-s", "2", "-c", "1"]
     assert call[call.index("-o") + 1] == "ncu_hsp_lq128_kv1024_s0.5_lpt"
-    assert call[call.index("-m") + 1:] == ["jfa_prof.ncu_target", "--schedule", "lpt", "--grid", "hsp", "--lq", "128",
-                                           "--max-kv", "1024", "--sparsity", "0.5", "--launches", "3"]
+    assert call[call.index("-m") + 1:] == ["jfa_prof.ncu_target", "--pass", "fwd", "--schedule", "lpt", "--grid",
+                                           "hsp", "--lq", "128", "--max-kv", "1024", "--sparsity", "0.5",
+                                           "--launches", "3"]
     data = json.loads(result.stdout)
     assert data["kernels"][0]["metrics"]["local_load_bytes"]["value"] == 202752.0
     (run,) = data["runs"]
@@ -521,6 +534,20 @@ def test_live_compare_schedules(fake_ncu, tmp_path):
     assert lines[0].startswith("A lpt: hsp Lq=128 max=1024 s=0.5")
     assert lines[1].startswith("B dynamic: hsp Lq=128 max=1024 s=0.5")
     assert "duration µs 399.6 382.8 -16.8 -4.2%" in lines
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pass", "bwd", "--no-peel"], "apply to the forward only"),
+    (["--pass", "bwd", "--vs-no-peel"], "apply to the forward only"),
+    (["--dq", "tma"], "apply to the backward only"),
+    (["--pass", "bwd", "--vs-dq", "fast"], "unknown dQ reduction 'fast'"),
+    (["--pass", "bwd", "--schedule", "lpt"], "unknown bwd schedule 'lpt'"),
+    (["--pass", "bwd", "--dq", "tma", "--vs-dq", "tma"], "same as the first"),
+])
+def test_live_backward_options_are_checked_before_ncu_runs(fake_ncu, args, message):
+    result = runner.invoke(app, ["ncu", *args])
+    assert result.exit_code == 2 and message in result.stderr, result.output
+    assert not Path("ncu_calls.jsonl").exists()
 
 
 def test_live_compare_needs_a_difference(fake_ncu):

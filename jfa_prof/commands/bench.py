@@ -16,7 +16,8 @@ DEFAULT_PEERS = "fa4,varlen,sdpa,flex"
 
 
 def bench(
-    pass_: str = typer.Option("fwd", "--pass", help="fwd (bwd once the backward kernel is in)."),
+    pass_: str = typer.Option("fwd", "--pass", help="fwd, or bwd: the backward of each (gradient of a fixed "
+                                                    "upstream gradient; peers on repeated Q, autograd summing dQ)."),
     grid: Optional[str] = typer.Option(None, "--grid", help="SPEC §6 grid: hsp, jagged, dense. Live default: hsp; "
                                                             "with --results: every grid in the file."),
     label: Optional[list[str]] = typer.Option(None, "--label", help="Only this workload, e.g. 'hsp Lq=256 max=2048 "
@@ -61,7 +62,8 @@ def bench(
     if html is not None:
         fig = render.tflops_figure(frame, title=f"{pass_} TFLOPS by sparsity · {grids} grid",
                                    subtitle=f"{provenance} · {res.meta.get('timer', 'median')} · "
-                                            "FLOPs by the FA4 convention (4·H·D·Σ Lq·Lk)")
+                                            "FLOPs by the FA4 convention (4·H·D·Σ Lq·Lk"
+                                            + (", ×2.5 for the backward)" if pass_ == "bwd" else ")"))
         write_html(fig, html)
     if json:
         typer.echo(_json.dumps({"origin": origin, "provenance": provenance,
@@ -90,8 +92,8 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
     from jfa_prof.errors import BadInputError
     from jfa_prof.schedule import SCHEDULES
 
-    if pass_ != "fwd":
-        raise BadInputError(f"no {pass_} bench yet: it comes with the {pass_} kernel", hint="use --pass fwd")
+    if pass_ not in lib.PASSES:
+        raise BadInputError(f"unknown pass {pass_!r}", hint=" or ".join(lib.PASSES))
     schedules = [s.strip() for s in schedule.split(",") if s.strip()]
     bad = [s for s in schedules if s not in SCHEDULES]
     if bad or not schedules:
@@ -107,7 +109,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
         if not s.available:
             err.print(f"[yellow]peer {k} left out:[/] {s.reason}")
 
-    names = lib.impl_names(usable, schedules)
+    names = lib.impl_names(usable, schedules, pass_)
     progress = Progress(TextColumn("{task.fields[point]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
     with progress:

@@ -1,4 +1,4 @@
-"""``jfa-prof ncu``: Nsight Compute metrics of the forward kernel, from a report or a live run."""
+"""``jfa-prof ncu``: Nsight Compute metrics of the forward or backward kernel, from a report or a live run."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +16,13 @@ def ncu(
         None, "--compare", metavar="FILE_B", help="Show this report's kernel against A (--report, or the live run)."),
     kernel: Optional[str] = typer.Option(
         None, "--kernel", metavar="REGEX", help="Only kernels whose name matches, for reports holding several."),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="Live: static, lpt (default) or dynamic."),
+    pass_: str = typer.Option("fwd", "--pass", help="Live: the forward (fwd) or the backward (bwd) kernel."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="Live: fwd static, lpt (default) or dynamic; "
+                                                                    "bwd static (default) or dynamic."),
+    dq: Optional[str] = typer.Option(None, "--dq", help="Live bwd: the dQ reduction, tma, tma1 or atomic "
+                                                        "(default: the op's)."),
+    vs_dq: Optional[str] = typer.Option(None, "--vs-dq", help="Live bwd: also profile this dQ reduction and "
+                                                              "compare it (B)."),
     grid: opt.Grid = None,
     lq: opt.Lq = None,
     max_kv: opt.MaxKv = None,
@@ -35,11 +41,12 @@ def ncu(
     json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
     """Tensor-pipe use, SM and DRAM throughput, local-memory (spill) traffic, registers, SM
-    imbalance and warp stall reasons of the forward kernel, from Nsight Compute.
+    imbalance and warp stall reasons of the forward (or backward) kernel, from Nsight Compute.
 
     [bold]--report FILE[/] reads a report made anywhere, no GPU needed; [bold]--compare FILE_B[/] adds deltas.
 
-    Without --report, ncu profiles one launch on this machine's GPU, e.g. [bold]--vs-schedule dynamic[/].
+    Without --report, ncu profiles one launch on this machine's GPU, e.g. [bold]--vs-schedule dynamic[/],
+    or [bold]--pass bwd --dq tma --vs-dq atomic[/].
     """
     from jfa_prof.analyses import ncu as analysis
     from jfa_prof.errors import BadInputError
@@ -47,7 +54,8 @@ def ncu(
 
     live_options = {"--schedule": schedule, "--grid": grid, "--lq": lq, "--max-kv": max_kv,
                     "--sparsity": sparsity, "--seed": seed, "--no-peel": no_peel or None,
-                    "--vs-schedule": vs_schedule, "--vs-peel/--vs-no-peel": vs_peel, "-o": out}
+                    "--vs-schedule": vs_schedule, "--vs-peel/--vs-no-peel": vs_peel, "-o": out,
+                    "--pass": None if pass_ == "fwd" else pass_, "--dq": dq, "--vs-dq": vs_dq}
     if report is not None:
         given = [k for k, v in live_options.items() if v is not None]
         if given:
@@ -59,11 +67,11 @@ def ncu(
         runs: list[dict[str, Any]] = []
         label_a = label_b = None
     else:
-        if compare is not None and (vs_schedule is not None or vs_peel is not None):
-            raise BadInputError("compare with either --compare FILE_B or --vs-schedule/--vs-peel, not both")
-        a, b, runs = _live(schedule=schedule or "lpt", peel=not no_peel, grid=grid or "hsp", lq=lq,
+        if compare is not None and (vs_schedule is not None or vs_peel is not None or vs_dq is not None):
+            raise BadInputError("compare with either --compare FILE_B or --vs-schedule/--vs-peel/--vs-dq, not both")
+        a, b, runs = _live(pass_=pass_, schedule=schedule, peel=not no_peel, dq=dq, grid=grid or "hsp", lq=lq,
                            max_kv=max_kv, sparsity=sparsity, seed=seed, vs_schedule=vs_schedule,
-                           vs_peel=vs_peel, out=out, arch=normalize_arch(arch), compare=compare)
+                           vs_peel=vs_peel, vs_dq=vs_dq, out=out, arch=normalize_arch(arch), compare=compare)
         label_a = runs[0]["label"]
         label_b = runs[1]["label"] if len(runs) > 1 else None
 
@@ -89,33 +97,46 @@ def _show(analysis, a, b, *, kernel, top, json, runs, label_a, label_b) -> None:
         typer.echo(render.to_json(data))
 
 
-def _live(*, schedule, peel, grid, lq, max_kv, sparsity, seed, vs_schedule, vs_peel, out, arch, compare):
+def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_schedule, vs_peel, vs_dq, out, arch,
+          compare):
     """Profile A (and B when a --vs option asks), read the reports; (A, B or None, run records)."""
     from dataclasses import replace
 
     from rich.console import Console
 
-    from jfa_prof import ncu_live
+    from jfa_prof import ablations, ncu_live
     from jfa_prof.analyses import ncu as analysis
     from jfa_prof.errors import BadInputError
 
-    # Cheapest checks first, before torch is imported to check the workload.
+    # Bad options first, then the cheapest checks, before torch is imported to check the workload.
+    schedule = schedule or ablations.default_schedule(pass_)
+    for s in (schedule, vs_schedule):
+        if s is not None:
+            ablations.check_schedule(pass_, s)
+    if pass_ == "bwd" and (not peel or vs_peel is not None):
+        raise BadInputError("--no-peel and --vs-peel apply to the forward only: the backward masks every block")
+    if pass_ == "fwd" and (dq is not None or vs_dq is not None):
+        raise BadInputError("--dq and --vs-dq apply to the backward only", hint="add --pass bwd")
+    for name in (dq, vs_dq):
+        if name is not None:
+            ablations.bwd_dq(name)
     ncu_path = ncu_live.require_ncu()
     ncu_live.require_gpu_driver()
-
-    opt.check_schedule(schedule, vs_schedule)
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
+    if pass_ == "bwd" and dq is None:
+        dq = ablations.default_dq_name(workload.broadcast_q)
 
     # The resolved workload, so the B run and the file names match what A ran.
     run_a = ncu_live.LiveRun(schedule=schedule, peel=peel, grid=workload.grid, lq=workload.Lq,
-                             max_kv=workload.max_kv, sparsity=workload.sparsity, seed=seed)
+                             max_kv=workload.max_kv, sparsity=workload.sparsity, seed=seed, pass_=pass_, dq=dq)
     runs = [run_a]
-    if vs_schedule is not None or vs_peel is not None:
-        run_b = replace(run_a, schedule=vs_schedule or schedule, peel=peel if vs_peel is None else vs_peel)
+    if vs_schedule is not None or vs_peel is not None or vs_dq is not None:
+        run_b = replace(run_a, schedule=vs_schedule or schedule, peel=peel if vs_peel is None else vs_peel,
+                        dq=vs_dq or dq)
         if run_b == run_a:
             raise BadInputError("the comparison run is the same as the first one",
                                 hint="--vs-schedule needs another schedule, --vs-peel/--vs-no-peel the "
-                                     "other peeling")
+                                     "other peeling, --vs-dq another reduction")
         runs.append(run_b)
 
     base = _default_name(workload, run_a) if out is None else out
@@ -129,12 +150,13 @@ def _live(*, schedule, peel, grid, lq, max_kv, sparsity, seed, vs_schedule, vs_p
     records, reports = [], []
     for run, path in zip(runs, paths):
         label = f"{run.tag}: {workload.label}"
-        argv = ncu_live.ncu_argv(ncu_path, path, ncu_live.target_argv(run), arch=arch)
+        argv = ncu_live.ncu_argv(ncu_path, path, ncu_live.target_argv(run), arch=arch, pass_=run.pass_)
         with err.status(f"profiling {label} under ncu (one launch, replayed per metric pass)…"):
             written = ncu_live.run_ncu(argv, path)
         err.print(f"[dim]report: {written}[/]")
         reports.append(analysis.read_report(written))
-        records.append({"label": label, "report": str(written), "schedule": run.schedule, "peel": run.peel,
+        records.append({"label": label, "report": str(written), "pass": run.pass_, "dq": run.dq,
+                        "schedule": run.schedule, "peel": run.peel,
                         "workload": workload.label, "arch": arch, "command": argv})
     for rep in reports:
         for k in rep.kernels:
@@ -147,7 +169,7 @@ def _live(*, schedule, peel, grid, lq, max_kv, sparsity, seed, vs_schedule, vs_p
 
 def _default_name(workload, run) -> Path:
     """``ncu_hsp_lq128_kv1024_s0.5_lpt.ncu-rep``: the workload and variant, file-name safe."""
-    parts = ["ncu", workload.grid]
+    parts = ["ncu", workload.grid] if run.pass_ == "fwd" else ["ncu", "bwd", workload.grid]
     if workload.broadcast_q:
         parts.append(f"lq{workload.Lq}")
     parts += [f"kv{workload.max_kv}", f"s{workload.sparsity:g}", run.tag]

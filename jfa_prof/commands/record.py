@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -10,7 +11,11 @@ from jfa_prof.commands import options as opt
 
 def record(
     out: Path = typer.Option(..., "-o", "--out", help="Trace file to write (.jfatrace)."),
-    schedule: opt.Schedule = "lpt",
+    pass_: str = typer.Option("fwd", "--pass", help="fwd, or bwd: the backward kernel (its tiles are KV blocks)."),
+    schedule: Optional[str] = typer.Option(
+        None, "--schedule", help="fwd: static, lpt (default) or dynamic; bwd: static (default, round-robin) or dynamic."),
+    dq: Optional[str] = typer.Option(None, "--dq", help="bwd: the dQ reduction: tma, tma1 or atomic (default: the op's, tma for "
+                                                        "broadcast-Q, atomic for jagged)."),
     grid: opt.Grid = None,
     lq: opt.Lq = None,
     max_kv: opt.MaxKv = None,
@@ -21,20 +26,32 @@ def record(
                               help="1: tile records and warp-role spans; 2: also barrier waits (costs more)."),
     json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
 ) -> None:
-    """Run the forward kernel with PROFILE=True on the GPU and write its tile records, warp-role
-    spans and barrier waits, with the machine, versions and workload, to one trace file."""
+    """Run the forward (or backward) kernel with PROFILE on the GPU and write its tile records,
+    warp-role spans and barrier waits, with the machine, versions and workload, to one trace file."""
     import json as _json
 
     from rich.console import Console
 
-    from jfa_prof.recording import record_workload
+    from jfa_prof import ablations
+    from jfa_prof.errors import BadInputError
+    from jfa_prof.recording import record_bwd_workload, record_workload
     from jfa_prof.trace import write_trace
 
-    opt.check_schedule(schedule)
+    schedule = schedule or ablations.default_schedule(pass_)
+    ablations.check_schedule(pass_, schedule)
+    if pass_ == "fwd" and dq is not None:
+        raise BadInputError("--dq applies to the backward only", hint="add --pass bwd")
+    if pass_ == "bwd" and no_peel:
+        raise BadInputError("--no-peel applies to the forward only: the backward masks every block")
+    if dq is not None:
+        ablations.bwd_dq(dq)
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     console = Console(stderr=True, highlight=False)
-    with console.status(f"recording {workload.label} ({schedule}) on the GPU…"):
-        tr = record_workload(workload, schedule, peel=not no_peel, level=level)
+    with console.status(f"recording the {pass_} of {workload.label} ({schedule}) on the GPU…"):
+        if pass_ == "fwd":
+            tr = record_workload(workload, schedule, peel=not no_peel, level=level)
+        else:
+            tr = record_bwd_workload(workload, schedule, dq=dq, level=level)
     path = write_trace(out, tr.buffer, tr.meta)
     summary = {"path": str(path), "workload": workload.label, "schedule": schedule, "tiles": len(tr.tiles),
                "dropped": tr.dropped, "kernel_ms": tr.meta["kernel_ms"],

@@ -1,7 +1,8 @@
 """``jfa-prof waterfall``: where the kernel's time goes, by switching its components off.
 
-Each ablation (``jfa_prof.kernels.fwd.ABLATIONS``) removes one piece of work: the output
-stores, the exponentials, the K/V reloads, the mask arithmetic. The kernel is timed with none,
+Each ablation (``ABLATIONS`` of ``jfa_prof.kernels.fwd`` / ``.bwd``) removes one piece of work:
+forward, the output stores, the exponentials, the K/V reloads, the mask arithmetic; backward,
+dQ altogether, the dQ reduction (plain stores instead of adds), the mask arithmetic. The kernel is timed with none,
 with each alone and, with ``--cumulative``, with each added on top of the ones before; the
 baseline is timed twice for the noise. On a machine without a GPU, ``--results FILE`` renders
 a waterfall recorded elsewhere (``--save FILE`` writes one).
@@ -18,13 +19,17 @@ from jfa_prof.commands import options as opt
 
 
 def waterfall(
-    pass_: str = typer.Option("fwd", "--pass", help="Which kernel: fwd (bwd once the backward kernel has ablations)."),
+    pass_: str = typer.Option("fwd", "--pass", help="Which kernel: fwd or bwd."),
     grid: opt.Grid = None,
     lq: opt.Lq = None,
     max_kv: opt.MaxKv = None,
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
-    schedule: opt.Schedule = "lpt",
+    schedule: Optional[str] = typer.Option(
+        None, "--schedule", help="fwd: static, lpt (default) or dynamic; bwd: static (default, round-robin) or dynamic."),
+    dq: Optional[str] = typer.Option(
+        None, "--dq", help="bwd: the dQ reduction: tma (TMA reduce-add, 2 staging buffers; broadcast-Q's default), "
+                           "tma1 (one buffer, no overlap) or atomic (per-element atomic adds; jagged Q's default)."),
     ablate: Optional[str] = typer.Option(
         None, "--ablate", help="Comma-separated ablations, in the order --cumulative applies them. Default: all, "
                                "in the kernel's order."),
@@ -57,7 +62,7 @@ def waterfall(
         provenance = f"recorded on {rec.meta.get('gpu', 'an unknown GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
     else:
         rec = _measure(pass_, grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed, schedule=schedule,
-                       ablate=ablate, cumulative=cumulative, rep_ms=rep_ms)
+                       dq=dq, ablate=ablate, cumulative=cumulative, rep_ms=rep_ms)
         origin = "live"
         provenance = f"measured on {rec.meta.get('gpu', 'this GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
         if save is not None:
@@ -67,7 +72,8 @@ def waterfall(
     wf = decompose(rec.timings)
     label = rec.label or "?"
     tflops = rec.baseline_tflops
-    title = f"{wf.pass_} kernel time by component · {label} · {rec.schedule}"
+    variant = rec.schedule + (f" · dQ {rec.dq}" if rec.dq else "")
+    title = f"{wf.pass_} kernel time by component · {label} · {variant}"
     subtitle = provenance + (f" · baseline {tflops:.0f} TFLOPS" if tflops else "")
     write_html(render.waterfall_figure(wf, title=title, subtitle=subtitle), out)
 
@@ -76,7 +82,7 @@ def waterfall(
                                 "waterfall": wf.to_dict(), "html": str(out)}, indent=2))
         return
     console = Console(highlight=False, soft_wrap=True)
-    console.print(f"[bold]{wf.pass_}[/] · {label} · schedule {rec.schedule} · {provenance}"
+    console.print(f"[bold]{wf.pass_}[/] · {label} · schedule {variant} · {provenance}"
                   + (f" · baseline {tflops:.0f} TFLOPS" if tflops else ""))
     render.waterfall_table(wf, console)
     if save is not None and results is None:
@@ -84,7 +90,7 @@ def waterfall(
     console.print(f"wrote {out}")
 
 
-def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, ablate, cumulative, rep_ms):
+def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, dq, ablate, cumulative, rep_ms):
     """Time the ablations live; a WaterfallRecord."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -93,13 +99,20 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, ablate, 
     from jfa_prof.errors import BadInputError
     if pass_ not in ablations.PASSES:
         raise BadInputError(f"unknown pass {pass_!r}", hint=f"one of {', '.join(ablations.PASSES)}")
-    opt.check_schedule(schedule)
+    schedule = schedule or ablations.default_schedule(pass_)
+    ablations.check_schedule(pass_, schedule)
+    if dq is not None:
+        if pass_ != "bwd":
+            raise BadInputError("--dq applies to the backward only", hint="add --pass bwd")
+        ablations.bwd_dq(dq)
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
+    if pass_ == "bwd" and dq is None:
+        dq = ablations.default_dq_name(workload.broadcast_q)
     device = timing.require_gpu("jfa-prof waterfall", hint="pass --results FILE to render a recorded waterfall")
     names = [n.strip() for n in ablate.split(",") if n.strip()] if ablate else None
     plan = ablations.ablation_plan(pass_, names)
     x = workload.make(device)
-    launcher = ablations.make_launcher(x, pass_, schedule)
+    launcher = ablations.make_launcher(x, pass_, schedule, dq)
 
     # On stderr, so that --json output stays parseable; gone once done, the table is what stays.
     progress = Progress(TextColumn(f"timing {workload.label}"), BarColumn(), MofNCompleteColumn(),
@@ -119,4 +132,4 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, ablate, 
                                               on_step=step)
         progress.advance(task)
     return ablations.WaterfallRecord(timings=timings, workload=ablations.workload_dict(x), schedule=schedule,
-                                     meta=timing.measurement_meta(), flops=x.flops(pass_))
+                                     meta=timing.measurement_meta(), flops=x.flops(pass_), dq=dq)
