@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
+#   bwd_variants record_bwd
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -22,6 +23,12 @@ record() {  # the bundled heatmap recordings (HSP s=0.1) and the small test reco
   for s in static lpt dynamic; do
     python -m jfa_prof record --grid hsp --lq 256 --max-kv 2048 --sparsity 0.1 --schedule $s \
       -o "$OUT/h200_hsp_lq256_kv2048_s0.1_$s.jfatrace" 2>&1 | grep -v Warn
+  done
+}
+record_bwd() {  # a backward recording (HSP s=0.5), each schedule
+  for s in static dynamic; do
+    python -m jfa_prof record --pass bwd --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 --schedule $s \
+      -o "$OUT/h200_bwd_hsp_lq256_kv2048_s0.5_$s.jfatrace" 2>&1 | grep -v Warn
   done
 }
 overhead() {  # instrumentation and host-launch overhead
@@ -71,6 +78,9 @@ ncu() {  # hardware counters of the forward: schedules, then peeled vs every blo
   tail -3 "$OUT/ncu_err1.txt"
   python -m jfa_prof ncu --schedule static --vs-no-peel --grid hsp --lq 256 --max-kv 2048 --sparsity 0.1 \
     -o "$OUT/fwd_static_peel.ncu-rep" 2>&1 | grep -v Warning | tail -40
+}
+bwd_variants() {  # the backward's block size, dQ staging depth and schedule side by side
+  python benchmarks/bwd_variants.py --out "$OUT/bwd_variants.json" 2>&1 | grep -v Warn | tail -20
 }
 ncu_bwd() {  # hardware counters of the backward: TMA reduce-add vs atomics for dQ
   python -m jfa_prof ncu --pass bwd --dq tma --vs-dq atomic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 \

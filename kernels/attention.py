@@ -194,13 +194,14 @@ def bwd_launch(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_se
 
 def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale,
                         window, causal, broadcast_q, dk_out=None, dv_out=None, dq=None, dq_stages=None,
-                        schedule=None, profile=0, record_capacity=None, n_ctas=None, ablate=0):
+                        schedule=None, profile=0, record_capacity=None, n_ctas=None, ablate=0, block_m=None):
     """`bwd_launch` that also returns the record buffer (None unless `profile`) and a `BwdLaunch`.
 
     `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; broadcast-Q only), "atomic" or
     "deterministic" (default `bwd.default_dq`: tma for broadcast-Q, atomic for jagged Q); `schedule`: "static" (round-robin) or "dynamic" (atomic queue);
     `profile`: instrumentation level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the
-    waterfall, which makes the gradients wrong on purpose."""
+    waterfall, which makes the gradients wrong on purpose; `block_m`: query rows per inner step
+    (default `bwd.BLOCK_M`; 64 for benchmarks of the choice)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from jfa_prof.kernels import bwd
@@ -221,6 +222,9 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
                             hint="static (round-robin) or dynamic (atomic queue)")
     if dq_stages not in (1, 2, 3):
         raise BadInputError(f"dq_stages must be 1, 2 or 3, got {dq_stages}")
+    block_m = block_m or bwd.BLOCK_M
+    if block_m not in (32, 64):
+        raise BadInputError(f"block_m must be 32 or 64, got {block_m}")
     H, D = q.shape[1], q.shape[2]
     H_kv = k.shape[1]
     B = kv_offsets.numel() - 1
@@ -248,11 +252,11 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     rows_pad = max(4, -(-rows_q // 4) * 4)
     if dq_mode == "deterministic":
         dq_acc = None
-        dq_desc = TensorDescriptor(torch.empty((D, bwd.BLOCK_M), dtype=torch.float32, device=dev), shape=[D, bwd.BLOCK_M],
-                                   strides=[bwd.BLOCK_M, 1], block_shape=[D, bwd.BLOCK_M])  # never read
+        dq_desc = TensorDescriptor(torch.empty((D, block_m), dtype=torch.float32, device=dev), shape=[D, block_m],
+                                   strides=[block_m, 1], block_shape=[D, block_m])  # never read
     else:
         dq_acc = torch.zeros((H * D, rows_pad), dtype=torch.float32, device=dev)
-        dq_desc = TensorDescriptor(dq_acc, shape=[H * D, rows_q], strides=[rows_pad, 1], block_shape=[D, bwd.BLOCK_M])
+        dq_desc = TensorDescriptor(dq_acc, shape=[H * D, rows_q], strides=[rows_pad, 1], block_shape=[D, block_m])
 
     # Valid tiles: KV blocks per sequence, prefix-summed on the device (no host sync).
     tile_cum = torch.zeros(B + 1, dtype=torch.int32, device=dev)
@@ -274,8 +278,10 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     if max_tiles > 0:
         constexprs = bwd.bwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                         has_window=window is not None, dq=dq_mode, dq_stages=dq_stages,
-                                        schedule=schedule, profile=profile, ablate=ablate)
-        bwd._jfa_bwd[(grid, )](q, k, v, do, lse, delta, dq_acc if dq_acc is not None else delta, dq_desc, dk, dv,
+                                        schedule=schedule, profile=profile, ablate=ablate, block_m=block_m)
+        bwd._jfa_bwd[(grid, )](_descriptor(q, block_m, D), _descriptor(k, bwd.BLOCK_N, D), _descriptor(v, bwd.BLOCK_N, D),
+                               _descriptor(do, block_m, D), lse, delta, dq_acc if dq_acc is not None else delta,
+                               dq_desc, dk, dv,
                                q_off, kv_offsets, tile_cum, queue, rec, sm_scale, H, H // H_kv, B,
                                rows_q if broadcast_q else 0, win, total_rows, dk.shape[1], rows_pad,
                                layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,

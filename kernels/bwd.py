@@ -44,9 +44,12 @@ from jfa_prof.kernels.registry import KernelVariant, provider
 from jfa_prof.records import BWD_ROLES, BWD_SITES
 
 BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
-# Query rows per inner step. The [BLOCK_N, BLOCK_M] score tiles and the dQ tile live beside the two
-# [BLOCK_N, D] fp32 accumulators; at D = 128, 64 rows no longer fit in 255 registers.
-BLOCK_M = 32
+# Query rows per inner step: the N of the m64nNk16 wgmmas that make S^T, dP^T and dQ^T. With both
+# operands in shared memory, N = 32 asks more of shared memory than it delivers (~1.5x of its 128
+# B/clk per SM at the tensor cores' rate); N = 64 is at the limit. 64 was 1.22-1.26x faster on the
+# H200 over three HSP points (benchmarks/results/bwd_variants_*.json), though ptxas then spills a
+# little at D = 128 (76 bytes per thread for broadcast-Q, `jfa-prof spills --kernel bwd`).
+BLOCK_M = 64
 NUM_WARPS = 8  # two warpgroups: each owns 64 of the block's keys in every wgmma
 NUM_STAGES = 2  # the inner loop's lse/delta loads are issued one query block ahead
 DELTA_ROWS = 16  # rows per program of the delta kernel
@@ -182,7 +185,8 @@ def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_
         # TMA reduce-add from shared memory, DQ_STAGES buffers deep: the bulk copy of one block
         # runs while the next block is computed. A buffer is refilled only once the copy that
         # last read it has (at most DQ_STAGES - 1 newer copies in flight); the thread that issued
-        # the copies waits, and the CTA barrier holds the others until it has.
+        # the copies waits, and the CTA barrier holds the others until it has. (Triton's own
+        # shared-memory hazard analysis adds the same barriers: two per block whatever the depth.)
         # Rows past the sequence end add exactly zero (their dS is zero), so the box needs no mask;
         # past the tensor's end TMA clips it.
         buf = tlx.local_view(dq_stage, n_stored % DQ_STAGES)
@@ -203,14 +207,14 @@ def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_
 # one `jfa-prof spills` compiles from the registry.
 @triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "rows_pad",
                                "tiles_off", "tile_cap", "spans_off", "waits_off"])
-def _jfa_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dq_desc, dk_ptr, dv_ptr, q_offsets, kv_offsets,
+def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_desc, dk_ptr, dv_ptr, q_offsets, kv_offsets,
              tile_cum, queue, rec_ptr, sm_scale, H, GROUP, B, Lq_bcast, window, total_rows, dkv_heads, rows_pad,
              tiles_off, tile_cap, spans_off, waits_off,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              DQ_MODE: tl.constexpr, DQ_STAGES: tl.constexpr, DYNAMIC: tl.constexpr, PROFILE: tl.constexpr,
              ABLATE: tl.constexpr):
-    dtype: tl.constexpr = q_ptr.dtype.element_ty
+    dtype: tl.constexpr = dk_ptr.dtype.element_ty
     NO_DQ: tl.constexpr = (ABLATE & 1) != 0 or DQ_MODE == DQ_NONE
     NO_REDUCE: tl.constexpr = (ABLATE & 2) != 0
     NO_MASK: tl.constexpr = (ABLATE & 4) != 0
@@ -254,13 +258,15 @@ def _jfa_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dq_desc, d
             o_row0 = q_row0
         n_ids = n0 + tl.arange(0, BLOCK_N)
         n_ok = n_ids < Lk
-        kv_row_offs = _row_offsets(BLOCK_N, _opaque(H_kv * HEAD_DIM), HEAD_DIM)
         kv_base = _head_base(kv_start + n0, H_kv, kvh, HEAD_DIM)
-        k = tl.load(k_ptr + kv_base + kv_row_offs, mask=n_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_base + kv_row_offs, mask=n_ok[:, None], other=0.0)
+        # TMA loads: no address or mask registers. Rows past the sequence end hold the next
+        # sequence's keys (zeros past the tensor's end); the mask zeroes their P, and their dK /
+        # dV rows are never stored.
+        k = k_desc.load([kv_start + n0, kvh * HEAD_DIM])
+        v = v_desc.load([kv_start + n0, kvh * HEAD_DIM])
         m_lo, m_hi = _query_block_range(n0, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
         qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
-        q_row_offs = _row_offsets(BLOCK_M, _opaque(H * HEAD_DIM), HEAD_DIM)
+        kv_full = n0 + BLOCK_N <= Lk
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         for g in range(GROUP):
@@ -269,11 +275,9 @@ def _jfa_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dq_desc, d
                 m0 = m_blk * BLOCK_M
                 m_ids = m0 + tl.arange(0, BLOCK_M)
                 m_ok = m_ids < Lq
-                q_base = _head_base(q_row0 + m0, H, h, HEAD_DIM)
-                o_base = _head_base(o_row0 + m0, H, h, HEAD_DIM)
                 stat_offs = h.to(tl.int64) * total_rows + o_row0 + m_ids
-                q = tl.load(q_ptr + q_base + q_row_offs, mask=m_ok[:, None], other=0.0)
-                do = tl.load(do_ptr + o_base + q_row_offs, mask=m_ok[:, None], other=0.0)
+                q = q_desc.load([q_row0 + m0, h * HEAD_DIM])
+                do = do_desc.load([o_row0 + m0, h * HEAD_DIM])
                 lse = tl.load(lse_ptr + stat_offs, mask=m_ok, other=0.0)
                 delta = tl.load(delta_ptr + stat_offs, mask=m_ok, other=0.0)
 
@@ -281,14 +285,17 @@ def _jfa_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dq_desc, d
                 # and no visible entry, so the select, not the exponential, makes its P zero.
                 qk_t = tl.dot(k, tl.trans(q))
                 p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :] * _LOG2E)
+                # Peeled: a block wholly inside both sequences, with no window or causal rule,
+                # skips the mask arithmetic (a runtime branch, one loop: see fwd's peeling note).
                 if not NO_MASK:
-                    visible = n_ok[:, None] & m_ok[None, :]
-                    if HAS_WINDOW:
-                        diff = m_ids[None, :] - n_ids[:, None]
-                        visible = visible & (diff <= window) & (diff >= -window)
-                    if CAUSAL:
-                        visible = visible & (n_ids[:, None] <= m_ids[None, :] + (Lk - Lq))
-                    p_t = tl.where(visible, p_t, 0.0)
+                    if HAS_WINDOW or CAUSAL or not kv_full or m0 + BLOCK_M > Lq:
+                        visible = n_ok[:, None] & m_ok[None, :]
+                        if HAS_WINDOW:
+                            diff = m_ids[None, :] - n_ids[:, None]
+                            visible = visible & (diff <= window) & (diff >= -window)
+                        if CAUSAL:
+                            visible = visible & (n_ids[:, None] <= m_ids[None, :] + (Lk - Lq))
+                        p_t = tl.where(visible, p_t, 0.0)
                 dv += tl.dot(p_t.to(dtype), do)
                 dp_t = tl.dot(v, tl.trans(do))
                 ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
@@ -408,7 +415,9 @@ def _jfa_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_offse
 # Variants: every constexpr combination the op can launch, by name.
 # ---------------------------------------------------------------------------------------------
 def bwd_signature(dtype: str, head_dim: int) -> dict[str, str]:
-    sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "do_ptr": f"*{dtype}",
+    q_block = f"tensordesc<{dtype}[{BLOCK_M},{head_dim}]>"
+    kv_block = f"tensordesc<{dtype}[{BLOCK_N},{head_dim}]>"
+    sig = {"q_desc": q_block, "k_desc": kv_block, "v_desc": kv_block, "do_desc": q_block,
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*fp32",
            "dq_desc": f"tensordesc<fp32[{head_dim},{BLOCK_M}]>",
            "dk_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}", "q_offsets": "*i32", "kv_offsets": "*i32",
@@ -423,9 +432,9 @@ def bwd_signature(dtype: str, head_dim: int) -> dict[str, str]:
 
 
 def bwd_constexprs(*, head_dim, broadcast_q, causal, has_window, dq="tma", dq_stages=DEFAULT_DQ_STAGES,
-                   schedule=DEFAULT_SCHEDULE, profile=0, ablate=0) -> dict:
+                   schedule=DEFAULT_SCHEDULE, profile=0, ablate=0, block_m=BLOCK_M) -> dict:
     """`dq`: "atomic", "tma" or "deterministic" (this kernel then leaves dQ to `_jfa_bwd_dq`)."""
-    return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
+    return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window,
             "DQ_MODE": DQ_MODES["none" if dq == "deterministic" else dq], "DQ_STAGES": dq_stages,
             "DYNAMIC": schedule == "dynamic", "PROFILE": int(profile), "ABLATE": ablate}

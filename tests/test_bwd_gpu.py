@@ -142,6 +142,7 @@ def test_instrumentation_records_every_tile_and_changes_no_bit(cuda_device, leve
     import torch
 
     from jfa_prof import records
+    from jfa_prof.kernels import bwd
     from jfa_prof.kernels.attention import bwd_launch_recorded
 
     args, kw = _bwd_args(cuda_device)
@@ -150,7 +151,7 @@ def test_instrumentation_records_every_tile_and_changes_no_bit(cuda_device, leve
     assert all(torch.equal(a, b) for a, b in zip(plain[:3], (dq, dk, dv)))
     parts = launch.layout.split(rec.cpu().numpy())
     tiles = parts["tiles"][parts["tiles"][:, records.Tile.VALID] == 1]
-    expected = {(b, h, blk) for b, n in enumerate(LENGTHS) for h in range(2) for blk in range(-(-n // 128))}
+    expected = {(b, h, blk) for b, n in enumerate(LENGTHS) for h in range(2) for blk in range(-(-n // bwd.BLOCK_N))}
     got = {(int(t[records.Tile.BATCH]), int(t[records.Tile.HEAD]), int(t[records.Tile.BLOCK])) for t in tiles}
     assert got == expected and len(tiles) == len(expected) and parts["header"][records.Header.DROPPED] == 0
     assert (tiles[:, records.Tile.T_END] > tiles[:, records.Tile.T_START]).all()
@@ -166,9 +167,12 @@ def test_tma_waits_are_recorded_at_level_2(cuda_device):
     args, kw = _bwd_args(cuda_device)
     *_, rec, launch = bwd_launch_recorded(*args, **kw, dq="tma", profile=2)
     waits = launch.layout.split(rec.cpu().numpy())["waits"][:, 0, records.BWD_SITES.index("dq_stage")]
-    # One staging per query block of every tile: Lq=200 is 7 blocks of 32 rows, 2 heads.
-    n_tiles = 2 * sum(-(-n // 128) for n in LENGTHS)
-    assert waits[:, records.Wait.COUNT].sum() == n_tiles * 7 and (waits[:, records.Wait.CYCLES] >= 0).all()
+    from jfa_prof.kernels import bwd
+
+    # One staging per query block of every tile (2 heads, Lq = 200).
+    n_tiles = 2 * sum(-(-n // bwd.BLOCK_N) for n in LENGTHS)
+    n_blocks = -(-200 // bwd.BLOCK_M)
+    assert waits[:, records.Wait.COUNT].sum() == n_tiles * n_blocks and (waits[:, records.Wait.CYCLES] >= 0).all()
 
 
 def test_a_full_record_buffer_counts_the_drops(cuda_device):
@@ -178,7 +182,7 @@ def test_a_full_record_buffer_counts_the_drops(cuda_device):
     args, kw = _bwd_args(cuda_device)
     *_, rec, launch = bwd_launch_recorded(*args, **kw, profile=1, record_capacity=5)
     parts = launch.layout.split(rec.cpu().numpy())
-    n_tiles = 2 * sum(-(-n // 128) for n in LENGTHS)
+    n_tiles = 2 * sum(-(-n // 128) for n in LENGTHS)  # 2 heads, 128-key tiles (bwd.BLOCK_N)
     assert parts["header"][records.Header.DROPPED] == n_tiles - 5
     assert parts["tiles"][:, records.Tile.VALID].sum() == 5
 
