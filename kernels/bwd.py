@@ -46,7 +46,7 @@ from jfa_prof.records import BWD_ROLES, BWD_SITES
 BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
 # Query rows per inner step: the N of the m64nNk16 wgmmas that make S^T, dP^T and dQ^T. With both
 # operands in shared memory, N = 32 asks more of shared memory than it delivers (~1.5x of its 128
-# B/clk per SM at the tensor cores' rate); N = 64 is at the limit. 64 was 1.22-1.26x faster on the
+# B/clk per SM at the tensor cores' rate); N = 64 is at the limit. 64 was 1.21-1.28x faster on the
 # H200 over three HSP points (benchmarks/results/bwd_variants_*.json), though ptxas then spills a
 # little at D = 128 (76 bytes per thread for broadcast-Q, `jfa-prof spills --kernel bwd`).
 BLOCK_M = 64

@@ -57,6 +57,25 @@ def test_bench_recorded_tables():
     assert summary[-6:] == ["88", "279", "0.32", "fa4", "279", "0.32"]
 
 
+BWD = H200.with_name("bench_bwd_hsp_h200_2026-11-30.json")
+
+
+def test_bench_recorded_backward():
+    d = _json(runner.invoke(app, ["bench", "--results", str(BWD), "--pass", "bwd", "--json"]))
+    assert len(d["results"]) == 18 and all(r["pass"] == "bwd" for r in d["results"])
+    for r in d["results"]:
+        w = r["workload"]
+        # The SPEC's backward convention: 2.5x the forward's 4·H·D·Σ Lq·Lk (no window or causal here).
+        assert r["flops"] == pytest.approx(2.5 * 4 * w["H"] * w["D"] * w["Lq"] * w["total_kv"], rel=1e-9)
+        ours, fa4 = r["impls"]["jfa-lpt"], r["impls"]["fa4"]
+        assert ours["ratio_vs_fa4"] == pytest.approx(fa4["ms"] / ours["ms"])
+    # Checked against the fp32 reference's gradients on the first point, before any timing.
+    first = d["results"][0]["impls"]
+    assert all(e["rel_err_vs_ref"] < 2e-2 for e in first.values())
+    result = runner.invoke(app, ["bench", "--results", str(BWD)])
+    assert result.exit_code == 2 and "holds no fwd results" in result.output
+
+
 def test_bench_recorded_filters():
     result = runner.invoke(app, ["bench", "--results", str(H200), "--grid", "jagged"])
     assert result.exit_code == 2 and "holds no fwd results for grid jagged" in result.output

@@ -185,9 +185,24 @@ def test_barriers_refuses_a_trace_without_waits(tmp_path):
     from jfa_prof.cli import app
     from jfa_prof.trace import read_trace, write_trace
 
-    src = read_trace(sorted((Path(__file__).parent / "data" / "traces").glob("*.jfatrace"))[0])
+    src = read_trace(sorted((Path(__file__).parent / "data" / "traces").glob("small_*.jfatrace"))[0])
     meta = dict(src.meta, profile_level=1)
     path = write_trace(tmp_path / "tiles_only.jfatrace", src.buffer, meta)
     result = CliRunner().invoke(app, ["barriers", "--trace", str(path)])
     assert result.exit_code == 2
     assert "level 1" in result.output
+
+
+def test_heatmap_of_a_recorded_backward(tmp_path, no_live):
+    """A real H200 backward recording (tiles are KV blocks, one role): the same views work."""
+    from jfa_prof.trace import read_trace
+
+    path = Path(__file__).parent / "data" / "traces" / "h200_bwd_hsp_lq256_kv2048_s0.5_static.jfatrace"
+    tr = read_trace(path)
+    assert tr.meta["kernel"]["pass"] == "bwd" and tr.meta["layout"]["roles"] == ["compute"]
+    assert len(tr.tiles) == tr.meta["n_work"] and tr.dropped == 0
+    assert abs(tr.makespan_ns / 1e6 / tr.meta["kernel_ms"] - 1) < 0.01  # the records span the kernel
+    d = _json(runner.invoke(app, ["heatmap", "--trace", str(path), "--out", str(tmp_path / "h.html"), "--json"]))
+    (panel, ) = d["panels"]
+    assert panel["mechanism"].startswith("persistent CTAs deal the valid (batch, kv head, KV block) tiles")
+    assert panel["n_ctas"] == 132 and panel["dropped"] == 0

@@ -581,3 +581,35 @@ def test_live_without_a_gpu_driver_exits_3(monkeypatch):
     result = runner.invoke(app, ["ncu", "--schedule", "dynamic"])
     assert result.exit_code == 3
     assert result.stderr.startswith("error: no NVIDIA GPU driver here")
+
+
+# ---- the backward: ptxas's spill prediction against ncu's local-memory traffic ------------------
+
+def test_backward_spills_predicted_by_ptxas_show_up_as_local_traffic_in_ncu():
+    """The committed backward reports (TMA reduce-add vs atomics for dQ) against `jfa-prof spills`
+    of the same variants compiled here: the variant ptxas says spills more moves more local bytes."""
+    from jfa_prof.compile import compile_variant
+    from jfa_prof.kernels import bwd
+
+    tma = analysis.read_report(DATA / "bwd_tma.ncu-rep").kernel("_jfa_bwd")
+    atomic = analysis.read_report(DATA / "bwd_atomic.ncu-rep").kernel("_jfa_bwd")
+    variants = {v.name: v for v in bwd.bwd_variants()}
+    spill = {name: compile_variant(variants[f"bwd/bcast/bf16/d128/{name}"]).stats.spill_store_bytes
+             for name in ("tma2", "atomic")}
+    assert 0 < spill["tma2"] < spill["atomic"]
+    local = {name: k.metrics["local_store_bytes"] for name, k in (("tma2", tma), ("atomic", atomic))}
+    assert 0 < local["tma2"] < local["atomic"]
+    # Same registers (255, the cap at 256 threads): the spilling is the difference.
+    assert tma.metrics["registers"] == atomic.metrics["registers"] == 255
+
+
+def test_forward_reports_of_schedules_and_peeling():
+    """The committed forward comparisons (hsp Lq=256 max=2048 s=0.1): the dynamic queue evens the
+    SMs out yet runs longer uninstrumented; every block masked runs longer than the peeled kernel."""
+    static = analysis.read_report(DATA / "fwd_static.ncu-rep").kernel("_jfa_fwd").metrics
+    dynamic = analysis.read_report(DATA / "fwd_static_vs_dynamic.ncu-rep").kernel("_jfa_fwd").metrics
+    nopeel = analysis.read_report(DATA / "fwd_static_nopeel.ncu-rep").kernel("_jfa_fwd").metrics
+    imbalance = {name: m["sm_cycles_max"] / m["sm_cycles_avg"] for name, m in (("static", static), ("dynamic", dynamic))}
+    assert imbalance["dynamic"] < imbalance["static"] and dynamic["duration"] > static["duration"]
+    assert nopeel["duration"] > static["duration"] and nopeel["tensor_pipe"] < static["tensor_pipe"]
+    assert static["local_load_bytes"] == dynamic["local_load_bytes"] == nopeel["local_load_bytes"] == 0

@@ -61,7 +61,7 @@ def test_bundled_traces_filter_by_workload():
 
 
 def test_given_trace_files_replace_the_bundled_ones():
-    files = sorted((ROOT / "tests/data/traces").glob("*.jfatrace"))
+    files = sorted((ROOT / "tests/data/traces").glob("small_*.jfatrace"))  # the forward recordings
     rep = gather(traces=files, environment=False, predict=False)
     assert rep.origin == "files"
     assert [r.trace.schedule for r in rep.traces] == ["static", "lpt", "dynamic"]
