@@ -22,7 +22,7 @@ from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
 from jfa_prof.errors import BadInputError, JfaProfError, read_json_file
 
 __all__ = ["BWD_DQ", "KERNEL_MODULES", "PASSES", "RECORD_KIND", "Ablation", "WaterfallRecord", "ablation_plan",
-           "available_ablations", "bwd_dq", "check_schedule", "default_dq_name", "default_schedule", "load_waterfall", "make_launcher", "measure_waterfall", "n_steps", "workload_dict"]
+           "available_ablations", "bwd_dq", "check_pass", "check_schedule", "default_dq_name", "default_schedule", "load_waterfall", "make_launcher", "measure_waterfall", "n_steps", "pass_options", "workload_dict"]
 
 PASSES = ("fwd", "bwd")
 # Where each pass's kernel publishes ABLATIONS.
@@ -40,14 +40,14 @@ class Ablation:
     removes: str
 
 
-def _check_pass(pass_: str) -> None:
+def check_pass(pass_: str) -> None:
     if pass_ not in PASSES:
         raise BadInputError(f"unknown pass {pass_!r}", hint=f"one of {', '.join(PASSES)}")
 
 
 def available_ablations(pass_: str = "fwd") -> list[Ablation]:
     """The ablation switches the ``pass_`` kernel of this build has, in its order."""
-    _check_pass(pass_)
+    check_pass(pass_)
     module = KERNEL_MODULES[pass_]
     try:
         mod = _import(module)
@@ -138,7 +138,7 @@ def bwd_dq(name: str) -> tuple[str, int]:
 
 def default_schedule(pass_: str) -> str:
     """The schedule a pass runs when none is named: the forward's LPT list, the backward's round-robin."""
-    _check_pass(pass_)
+    check_pass(pass_)
     return "lpt" if pass_ == "fwd" else "static"
 
 
@@ -151,17 +151,25 @@ def check_schedule(pass_: str, schedule: str) -> None:
         raise BadInputError(f"unknown {pass_} schedule {schedule!r}", hint=f"one of {', '.join(known)}")
 
 
+def pass_options(pass_: str, schedule: str | None = None, dq: str | None = None, *, dq_flag: str = "--dq") -> str:
+    """Check a pass and the options that go with it (a schedule of that pass, a dQ reduction for
+    the backward only); returns the schedule, the pass's default when none is named."""
+    schedule = schedule or default_schedule(pass_)
+    check_schedule(pass_, schedule)
+    if dq is not None:
+        if pass_ != "bwd":
+            raise BadInputError(f"{dq_flag} applies to the backward only", hint="add --pass bwd")
+        bwd_dq(dq)
+    return schedule
+
+
 def make_launcher(x, pass_: str = "fwd", schedule: str | None = None,
                   dq: str | None = None) -> Callable[[int], Callable[[], Any]]:
     """For inputs ``x`` (:class:`~jfa_prof.inputs.JaggedInputs` on the GPU): a function from an
     ablation mask to a callable that runs ``pass_`` once with those ablations. ``dq`` (backward
     only) names the dQ reduction of :data:`BWD_DQ`."""
-    _check_pass(pass_)
-    schedule = schedule or default_schedule(pass_)
-    check_schedule(pass_, schedule)
+    schedule = pass_options(pass_, schedule, dq)
     if pass_ == "fwd":
-        if dq is not None:
-            raise BadInputError("--dq applies to the backward only", hint="add --pass bwd")
         return _fwd_launcher(x, schedule)
     return _bwd_launcher(x, schedule, dq)
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from jfa_prof.ablations import PASSES, check_pass
 from jfa_prof.errors import BadInputError, read_json_file
 
 __all__ = ["PASSES", "PEERS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
@@ -395,20 +396,12 @@ _BWD_BUILDERS = {**_PEER_BUILDERS, "fa4": lambda x: _fa4(x, repeat_q=True)}
 
 def peer_impls(x, keys: Iterable[str], pass_: str = "fwd") -> list[Impl]:
     """The peers ``keys`` (CLI keys of :data:`PEERS`) as implementations of ``pass_`` on ``x``."""
-    _check_pass(pass_)
+    check_pass(pass_)
     if pass_ == "bwd":
         return [Impl(PEERS[k], (lambda k=k: _backward(x, _BWD_BUILDERS[k])),
                      kind="peer", note=PEER_NOTES[k] + "; backward of the repeated-Q form, autograd sums dQ")
                 for k in keys]
     return [Impl(PEERS[k], (lambda k=k: _PEER_BUILDERS[k](x)), kind="peer", note=PEER_NOTES[k]) for k in keys]
-
-
-PASSES = ("fwd", "bwd")
-
-
-def _check_pass(pass_: str) -> None:
-    if pass_ not in PASSES:
-        raise BadInputError(f"unknown pass {pass_!r}", hint="fwd or bwd")
 
 
 def _backward(x, forward: Callable[[Any], tuple[Callable[[], Any], Callable[[Any], Any]]]):
@@ -634,7 +627,7 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
 
     from jfa_prof import timing
 
-    _check_pass(pass_)
+    check_pass(pass_)
     device = device or timing.require_gpu("the benchmark")
     timer = timer or timing.bench
     timer_kw = {k: v for k, v in (("rep_ms", rep_ms), ("warmup_ms", warmup_ms)) if v is not None}

@@ -48,14 +48,7 @@ def run(args: argparse.Namespace) -> str:
     from jfa_prof.errors import BadInputError, NoGpuError, TlxUnavailableError
     from jfa_prof.inputs import select_workload
 
-    if args.pass_ not in ablations.PASSES:
-        raise BadInputError(f"unknown pass {args.pass_!r}", hint="fwd or bwd")
-    schedule = args.schedule or ablations.default_schedule(args.pass_)
-    ablations.check_schedule(args.pass_, schedule)
-    if args.dq is not None:
-        if args.pass_ != "bwd":
-            raise BadInputError("--dq applies to the backward only")
-        ablations.bwd_dq(args.dq)
+    schedule = ablations.pass_options(args.pass_, args.schedule, args.dq)
     if args.launches < 1:
         raise BadInputError(f"--launches must be at least 1, got {args.launches}")
     try:

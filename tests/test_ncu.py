@@ -539,7 +539,8 @@ def test_live_compare_schedules(fake_ncu, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--pass", "bwd", "--no-peel"], "apply to the forward only"),
     (["--pass", "bwd", "--vs-no-peel"], "apply to the forward only"),
-    (["--dq", "tma"], "apply to the backward only"),
+    (["--dq", "tma"], "--dq applies to the backward only"),
+    (["--vs-dq", "tma"], "--vs-dq applies to the backward only"),
     (["--pass", "bwd", "--vs-dq", "fast"], "unknown dQ reduction 'fast'"),
     (["--pass", "bwd", "--schedule", "lpt"], "unknown bwd schedule 'lpt'"),
     (["--pass", "bwd", "--dq", "tma", "--vs-dq", "tma"], "same as the first"),

@@ -92,8 +92,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
     from jfa_prof.errors import BadInputError
     from jfa_prof.schedule import SCHEDULES
 
-    if pass_ not in lib.PASSES:
-        raise BadInputError(f"unknown pass {pass_!r}", hint=" or ".join(lib.PASSES))
+    lib.check_pass(pass_)
     schedules = [s.strip() for s in schedule.split(",") if s.strip()]
     bad = [s for s in schedules if s not in SCHEDULES]
     if bad or not schedules:

@@ -109,17 +109,10 @@ def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_sch
     from jfa_prof.errors import BadInputError
 
     # Bad options first, then the cheapest checks, before torch is imported to check the workload.
-    schedule = schedule or ablations.default_schedule(pass_)
-    for s in (schedule, vs_schedule):
-        if s is not None:
-            ablations.check_schedule(pass_, s)
+    schedule = ablations.pass_options(pass_, schedule, dq)
+    ablations.pass_options(pass_, vs_schedule or schedule, vs_dq, dq_flag="--vs-dq")
     if pass_ == "bwd" and (not peel or vs_peel is not None):
         raise BadInputError("--no-peel and --vs-peel apply to the forward only: the backward masks every block")
-    if pass_ == "fwd" and (dq is not None or vs_dq is not None):
-        raise BadInputError("--dq and --vs-dq apply to the backward only", hint="add --pass bwd")
-    for name in (dq, vs_dq):
-        if name is not None:
-            ablations.bwd_dq(name)
     ncu_path = ncu_live.require_ncu()
     ncu_live.require_gpu_driver()
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)

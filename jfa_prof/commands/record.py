@@ -37,14 +37,9 @@ def record(
     from jfa_prof.recording import record_bwd_workload, record_workload
     from jfa_prof.trace import write_trace
 
-    schedule = schedule or ablations.default_schedule(pass_)
-    ablations.check_schedule(pass_, schedule)
-    if pass_ == "fwd" and dq is not None:
-        raise BadInputError("--dq applies to the backward only", hint="add --pass bwd")
+    schedule = ablations.pass_options(pass_, schedule, dq)
     if pass_ == "bwd" and no_peel:
         raise BadInputError("--no-peel applies to the forward only: the backward masks every block")
-    if dq is not None:
-        ablations.bwd_dq(dq)
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     console = Console(stderr=True, highlight=False)
     with console.status(f"recording the {pass_} of {workload.label} ({schedule}) on the GPU…"):

@@ -96,15 +96,8 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, dq, abla
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from jfa_prof import ablations, timing
-    from jfa_prof.errors import BadInputError
-    if pass_ not in ablations.PASSES:
-        raise BadInputError(f"unknown pass {pass_!r}", hint=f"one of {', '.join(ablations.PASSES)}")
-    schedule = schedule or ablations.default_schedule(pass_)
-    ablations.check_schedule(pass_, schedule)
-    if dq is not None:
-        if pass_ != "bwd":
-            raise BadInputError("--dq applies to the backward only", hint="add --pass bwd")
-        ablations.bwd_dq(dq)
+
+    schedule = ablations.pass_options(pass_, schedule, dq)
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     if pass_ == "bwd" and dq is None:
         dq = ablations.default_dq_name(workload.broadcast_q)
