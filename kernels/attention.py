@@ -198,8 +198,8 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     """`bwd_launch` that also returns the record buffer (None unless `profile`) and a `BwdLaunch`.
 
     `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; broadcast-Q only), "atomic" or
-    "deterministic" (default `bwd.default_dq`: tma for broadcast-Q, atomic for jagged Q); `schedule`: "static" (round-robin) or "dynamic" (atomic queue);
-    `profile`: instrumentation level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the
+    "deterministic" (default `bwd.default_dq`: tma for broadcast-Q, atomic for jagged Q);
+    `schedule`: "static" (round-robin) or "dynamic" (atomic queue); `profile`: instrumentation level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the
     waterfall, which makes the gradients wrong on purpose; `block_m`: query rows per inner step
     (default `bwd.BLOCK_M`; 64 for benchmarks of the choice)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -292,17 +292,19 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
         dk.zero_()
         dv.zero_()
     if dq_mode == "deterministic":
-        dq_acc = _deterministic_dq(bwd, q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q,
+        dq_acc = _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q,
                                    win, total_rows, rows_pad, max_seq_len_q, window, causal, broadcast_q)
     dq_out = torch.empty_like(q)
     dq_out.copy_(dq_acc[:, :rows_q].view(H, D, rows_q).permute(2, 0, 1))
     return dq_out, dk, dv, (rec if profile else None), BwdLaunch(grid, layout, dq_mode, schedule)
 
 
-def _deterministic_dq(bwd, q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q, win,
+def _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q, win,
                       total_rows, rows_pad, max_seq_len_q, window, causal, broadcast_q):
     """dQ without atomics: per (query block, head, part) in a fixed order, then a fixed-order sum
     of the broadcast-Q parts. Parts split the batch so that about two programs run per SM."""
+    from jfa_prof.kernels import bwd
+
     D = q.shape[2]
     if broadcast_q:
         n_m = -(-rows_q // bwd.DQ_BLOCK_M)
