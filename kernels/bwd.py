@@ -16,18 +16,23 @@ Triton (`tl.dot` lowers to wgmma on sm_90) with TLX for the dQ staging. Kernels:
   reads the same Q rows), accumulated in fp32 `[H * D, rows]` (transposed: a tile's dQ^T lands
   on contiguous rows) and converted by the launcher. `DQ_MODE` picks how:
   atomic: per-element fp32 atomic adds from registers (jagged Q's default);
-  tma (broadcast-Q's default): the block is staged in shared memory and added by a TMA reduce-add (`cp.reduce.async.bulk`),
-  `DQ_STAGES` buffers deep so the reduction of one block overlaps the next block's math;
+  tma (broadcast-Q's default): the block is staged in shared memory and added by a TMA
+  reduce-add (`cp.reduce.async.bulk`), `DQ_STAGES` buffers deep so the reduction of one block can
+  overlap the next block's math;
   none: `_jfa_bwd` computes no dQ and `_jfa_bwd_dq` computes it deterministically (fixed order,
   no atomics; it recomputes P and dP, three more matmuls per block).
+
+Q, dO, K and V arrive by TMA (descriptor loads): no address or mask registers, and the rows a
+block reads past its sequence's end (the next sequence's) are masked out of P.
 
 The tiles are computed transposed (keys on the rows): P^T and dS^T are then the register
 operand (A) of the dV and dK matmuls, the only operand wgmma can take from registers, and K, V,
 Q and dO stay in shared memory.
 
 Masks are the forward's (`fwd._tile_geometry`, `fwd._consume_block`): sequence end, symmetric
-window |i - j| <= W, causal bottom-right j <= i + Lk - Lq. Every tile is masked here; peeling the
-interior blocks, like the forward does, is not done yet.
+window |i - j| <= W, causal bottom-right j <= i + Lk - Lq. Peeled as in the forward, by a runtime
+flag in the one loop: a block wholly inside both sequences, with no window or causal rule, skips
+the mask arithmetic.
 
 Instrumentation (`PROFILE`, `jfa_prof.records` layout): one tile record per tile (BLOCK is the
 KV block, N_BLOCKS the query blocks visited), one span per program (role "compute"), and at
