@@ -22,7 +22,8 @@ from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
 from jfa_prof.errors import BadInputError, JfaProfError, read_json_file
 
 __all__ = ["BWD_DQ", "KERNEL_MODULES", "PASSES", "RECORD_KIND", "Ablation", "WaterfallRecord", "ablation_plan",
-           "available_ablations", "bwd_dq", "check_pass", "check_schedule", "default_dq_name", "default_schedule", "load_waterfall", "make_launcher", "measure_waterfall", "n_steps", "pass_options", "workload_dict"]
+           "available_ablations", "bwd_dq", "check_pass", "check_schedule", "default_dq_name", "default_schedule",
+           "load_waterfall", "make_launcher", "measure_waterfall", "n_steps", "pass_options", "workload_dict"]
 
 PASSES = ("fwd", "bwd")
 # Where each pass's kernel publishes ABLATIONS.

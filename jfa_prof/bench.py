@@ -27,8 +27,8 @@ from jfa_prof.ablations import PASSES, check_pass
 from jfa_prof.errors import BadInputError, read_json_file
 
 __all__ = ["PASSES", "PEERS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
-           "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status", "reference_output", "rel_err",
-           "run_bench", "select_workloads", "upstream_grad"]
+           "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status", "reference_output",
+           "rel_err", "run_bench", "select_workloads", "upstream_grad"]
 
 # CLI key -> implementation name in result files (the names earlier files used).
 PEERS = {"fa4": "fa4", "varlen": "torch-varlen", "sdpa": "torch-sdpa", "flex": "torch-flex"}

@@ -199,9 +199,10 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
 
     `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; broadcast-Q only), "atomic" or
     "deterministic" (default `bwd.default_dq`: tma for broadcast-Q, atomic for jagged Q);
-    `schedule`: "static" (round-robin) or "dynamic" (atomic queue); `profile`: instrumentation level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the
-    waterfall, which makes the gradients wrong on purpose; `block_m`: query rows per inner step
-    (default `bwd.BLOCK_M`; 64 for benchmarks of the choice)."""
+    `schedule`: "static" (round-robin) or "dynamic" (atomic queue); `profile`: instrumentation
+    level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the waterfall, which makes the
+    gradients wrong on purpose; `block_m`: query rows per inner step (default `bwd.BLOCK_M`; 32 or
+    64, for benchmarks of the choice)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from jfa_prof.kernels import bwd
@@ -279,10 +280,10 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
         constexprs = bwd.bwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                         has_window=window is not None, dq=dq_mode, dq_stages=dq_stages,
                                         schedule=schedule, profile=profile, ablate=ablate, block_m=block_m)
-        bwd._jfa_bwd[(grid, )](_descriptor(q, block_m, D), _descriptor(k, bwd.BLOCK_N, D), _descriptor(v, bwd.BLOCK_N, D),
-                               _descriptor(do, block_m, D), lse, delta, dq_acc if dq_acc is not None else delta,
-                               dq_desc, dk, dv,
-                               q_off, kv_offsets, tile_cum, queue, rec, sm_scale, H, H // H_kv, B,
+        bwd._jfa_bwd[(grid, )](_descriptor(q, block_m, D), _descriptor(k, bwd.BLOCK_N, D),
+                               _descriptor(v, bwd.BLOCK_N, D), _descriptor(do, block_m, D), lse, delta,
+                               dq_acc if dq_acc is not None else delta, dq_desc, dk, dv, q_off, kv_offsets,
+                               tile_cum, queue, rec, sm_scale, H, H // H_kv, B,
                                rows_q if broadcast_q else 0, win, total_rows, dk.shape[1], rows_pad,
                                layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
                                layout.spans_offset if layout else 0, layout.waits_offset if layout else 0,

@@ -498,9 +498,10 @@ def _main_variant(mode, dtype, head_dim, dq_name, schedule="static", profile=0) 
 @provider
 def bwd_variants() -> list[KernelVariant]:
     """Per mask mode, dtype and head dim: the main kernel with the op's dQ reduction (TMA with 2
-    stages for broadcast-Q, atomics for jagged Q) and the deterministic pair (main kernel without dQ, dQ kernel); the delta kernel per
-    dtype and head dim (no mask, so one serves every mode). For broadcast-Q bf16 D=128, the HSP
-    case: every other dQ reduction, the dynamic queue, and both PROFILE levels."""
+    stages for broadcast-Q, atomics for jagged Q) and the deterministic pair (main kernel without
+    dQ, dQ kernel); the delta kernel per dtype and head dim (no mask, so one serves every mode).
+    For broadcast-Q bf16 D=128, the HSP case: every other dQ reduction, the dynamic queue, and
+    both PROFILE levels."""
     out = []
     for dtype in ("bf16", "fp16"):
         for head_dim in (64, 128):

@@ -610,7 +610,8 @@ def test_forward_reports_of_schedules_and_peeling():
     static = analysis.read_report(DATA / "fwd_static.ncu-rep").kernel("_jfa_fwd").metrics
     dynamic = analysis.read_report(DATA / "fwd_static_vs_dynamic.ncu-rep").kernel("_jfa_fwd").metrics
     nopeel = analysis.read_report(DATA / "fwd_static_nopeel.ncu-rep").kernel("_jfa_fwd").metrics
-    imbalance = {name: m["sm_cycles_max"] / m["sm_cycles_avg"] for name, m in (("static", static), ("dynamic", dynamic))}
+    imbalance = {name: m["sm_cycles_max"] / m["sm_cycles_avg"]
+                 for name, m in (("static", static), ("dynamic", dynamic))}
     assert imbalance["dynamic"] < imbalance["static"] and dynamic["duration"] > static["duration"]
     assert nopeel["duration"] > static["duration"] and nopeel["tensor_pipe"] < static["tensor_pipe"]
     assert static["local_load_bytes"] == dynamic["local_load_bytes"] == nopeel["local_load_bytes"] == 0
