@@ -250,6 +250,11 @@ class WaterfallRecord:
         return str(self.workload.get("label", ""))
 
     @property
+    def variant(self) -> str:
+        """What ran, for titles: the schedule, and the backward's dQ reduction."""
+        return self.schedule + (f" · dQ {self.dq}" if self.dq else "")
+
+    @property
     def baseline_tflops(self) -> float | None:
         return self.flops / self.timings.baseline_ms / 1e9 if self.flops else None
 

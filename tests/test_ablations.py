@@ -145,6 +145,10 @@ def test_record_round_trip(tmp_path, fake_kernel):
     back = load_waterfall(p)
     assert back.timings == t and back.label == "hsp Lq=256 max=2048 s=0.5" and back.schedule == "lpt"
     assert back.baseline_tflops == 2e12 / 1.0 / 1e9
+    assert back.dq is None and back.variant == "lpt"
+    bwd = WaterfallRecord(t, {"label": "x"}, "static", dq="tma1")
+    p.write_text(json.dumps(bwd.to_dict()))
+    assert load_waterfall(p).dq == "tma1" and load_waterfall(p).variant == "static · dQ tma1"
 
 
 def test_load_waterfall_errors(tmp_path):

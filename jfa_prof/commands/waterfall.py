@@ -73,8 +73,7 @@ def waterfall(
     wf = decompose(rec.timings)
     label = rec.label or "?"
     tflops = rec.baseline_tflops
-    variant = rec.schedule + (f" · dQ {rec.dq}" if rec.dq else "")
-    title = f"{wf.pass_} kernel time by component · {label} · {variant}"
+    title = f"{wf.pass_} kernel time by component · {label} · {rec.variant}"
     subtitle = provenance + (f" · baseline {tflops:.0f} TFLOPS" if tflops else "")
     write_html(render.waterfall_figure(wf, title=title, subtitle=subtitle), out)
 
@@ -83,7 +82,7 @@ def waterfall(
                                 "waterfall": wf.to_dict(), "html": str(out)}, indent=2))
         return
     console = Console(highlight=False, soft_wrap=True)
-    console.print(f"[bold]{wf.pass_}[/] · {label} · schedule {variant} · {provenance}"
+    console.print(f"[bold]{wf.pass_}[/] · {label} · schedule {rec.variant} · {provenance}"
                   + (f" · baseline {tflops:.0f} TFLOPS" if tflops else ""))
     render.waterfall_table(wf, console)
     if save is not None and results is None:

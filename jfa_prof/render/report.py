@@ -110,7 +110,7 @@ def figures(report: Report) -> list[tuple[str, go.Figure]]:
         rec, wf = report.waterfall
         tflops = rec.baseline_tflops
         out.append(("waterfall", waterfall.waterfall_figure(
-            wf, title=f"{wf.pass_} kernel time by component · {rec.label or '?'} · {rec.schedule}",
+            wf, title=f"{wf.pass_} kernel time by component · {rec.label or '?'} · {rec.variant}",
             subtitle=(report.waterfall_source or "") + (f" · baseline {tflops:.0f} TFLOPS" if tflops else ""))))
     if report.bench is not None:
         from jfa_prof.render import bench
