@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from jfa_prof.ablations import PASSES, check_pass
+from jfa_prof.ablations import PASSES, check_pass, workload_dict
 from jfa_prof.errors import BadInputError, read_json_file
 
 __all__ = ["PASSES", "PEERS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
@@ -546,11 +546,6 @@ def _to_float(out):
     return tuple(t.float() for t in out) if isinstance(out, (tuple, list)) else out.float()
 
 
-def _workload_fields(x) -> dict[str, Any]:
-    w = x.workload
-    return {**asdict(w), "label": w.label, "total_q": x.total_q, "total_kv": x.total_kv}
-
-
 def _measure_impl(impl: Impl, *, ref, rows, first_out, tol: float, timer, twice: bool,
                   timer_kw: dict) -> tuple[dict[str, Any], Any, str | None]:
     """(entry, output kept for comparing the later implementations or None, reason to drop the
@@ -662,7 +657,7 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
             entries[impl.name] = entry
             torch.cuda.empty_cache()  # the next implementation's setup starts from the inputs alone
         best = _derive(entries, flops)
-        record = {"pass": pass_, "workload": _workload_fields(x), "flops": flops, "impls": entries,
+        record = {"pass": pass_, "workload": workload_dict(x), "flops": flops, "impls": entries,
                   "best_peer": best, "baseline": base_name}
         if host and pass_ == "fwd":
             try:

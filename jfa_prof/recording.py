@@ -6,8 +6,8 @@ before the first event), so a trace's makespan can be checked against the kernel
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 
+from jfa_prof.ablations import workload_dict
 from jfa_prof.errors import NoGpuError
 from jfa_prof.inputs import Workload
 from jfa_prof.records import BWD_ROLES, BWD_SITES
@@ -61,23 +61,11 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
     constexprs = fwd.fwd_constexprs(head_dim=workload.D, broadcast_q=workload.broadcast_q, causal=workload.causal,
                                     has_window=workload.window is not None, peel=peel, schedule=schedule,
                                     profile=level)
-    meta = {
-        "layout": layout_meta(launch.layout),
-        "gpu": _gpu_meta(props),
-        "kernel": {"name": "_jfa_fwd", "pass": "fwd", "config": constexprs,
-                   "variant": f"fwd/{'bcast' if workload.broadcast_q else 'jagged'}/{workload.dtype}/"
-                              f"d{workload.D}/{schedule}/{'peel' if peel else 'nopeel'}/"
-                              f"{'prof' if level == 2 else 'prof-tiles'}"},
-        "workload": {**asdict(workload), "label": workload.label, "total_q": x.total_q, "total_kv": x.total_kv,
-                     "flops": x.flops("fwd")},
-        "schedule": schedule,
-        "profile_level": level,
-        "schedule_mechanism": MECHANISMS[schedule],
-        "n_work": int(launch.work.n_work.item()),
-        "kernel_ms": kernel_ms[0] if kernel_ms else None,
-        "kernel_ms_source": "torch.profiler (CUPTI kernel duration)" if kernel_ms else None,
-        "launch_ms_cuda_events": events["before"].elapsed_time(events["after"]),
-    }
+    variant = (f"fwd/{'bcast' if workload.broadcast_q else 'jagged'}/{workload.dtype}/d{workload.D}/{schedule}/"
+               f"{'peel' if peel else 'nopeel'}/{'prof' if level == 2 else 'prof-tiles'}")
+    meta = _meta(x, props, "fwd", constexprs, variant, layout_meta(launch.layout), schedule, MECHANISMS[schedule],
+                 level, int(launch.work.n_work.item()), kernel_ms)
+    meta["launch_ms_cuda_events"] = events["before"].elapsed_time(events["after"])
     return trace_from_buffer(rec.cpu().numpy(), meta)
 
 
@@ -123,27 +111,29 @@ def record_bwd_workload(workload: Workload, schedule: str = "static", *, dq: str
                                     has_window=w.window is not None, dq=dq_mode, dq_stages=stages, schedule=schedule,
                                     profile=level)
     n_tiles = int(((x.kv_lens + bwd.BLOCK_N - 1) // bwd.BLOCK_N).sum()) * w.H_kv
-    meta = {
-        "layout": layout_meta(info.layout, BWD_ROLES, BWD_SITES),
-        "gpu": _gpu_meta(props),
-        "kernel": {"name": "_jfa_bwd", "pass": "bwd", "config": constexprs,
-                   "variant": f"bwd/{'bcast' if w.broadcast_q else 'jagged'}/{w.dtype}/d{w.D}/"
-                              f"{dq_mode}{stages if dq_mode == 'tma' else ''}/{schedule}/prof{level}"},
-        "workload": {**asdict(w), "label": w.label, "total_q": x.total_q, "total_kv": x.total_kv,
-                     "flops": x.flops("bwd")},
-        "schedule": schedule,
-        "profile_level": level,
-        "schedule_mechanism": BWD_MECHANISMS[schedule],
-        "n_work": n_tiles,
-        "kernel_ms": kernel_ms[0] if kernel_ms else None,
-        "kernel_ms_source": "torch.profiler (CUPTI kernel duration)" if kernel_ms else None,
-    }
+    variant = (f"bwd/{'bcast' if w.broadcast_q else 'jagged'}/{w.dtype}/d{w.D}/"
+               f"{dq_mode}{stages if dq_mode == 'tma' else ''}/{schedule}/prof{level}")
+    meta = _meta(x, props, "bwd", constexprs, variant, layout_meta(info.layout, BWD_ROLES, BWD_SITES), schedule,
+                 BWD_MECHANISMS[schedule], level, n_tiles, kernel_ms)
     return trace_from_buffer(rec.cpu().numpy(), meta)
 
 
-def _gpu_meta(props) -> dict:
-    return {"name": props.name, "sm_count": props.multi_processor_count, "sm_clock_khz": _sm_clock_khz(),
-            "capability": f"{props.major}.{props.minor}"}
+def _meta(x, props, pass_: str, constexprs: dict, variant: str, layout: dict, schedule: str, mechanism: str,
+          level: int, n_work: int, kernel_ms: list[float]) -> dict:
+    """A recording's metadata: layout, machine, kernel, workload, schedule, CUPTI kernel time."""
+    return {
+        "layout": layout,
+        "gpu": {"name": props.name, "sm_count": props.multi_processor_count, "sm_clock_khz": _sm_clock_khz(),
+                "capability": f"{props.major}.{props.minor}"},
+        "kernel": {"name": f"_jfa_{pass_}", "pass": pass_, "config": constexprs, "variant": variant},
+        "workload": {**workload_dict(x), "flops": x.flops(pass_)},
+        "schedule": schedule,
+        "profile_level": level,
+        "schedule_mechanism": mechanism,
+        "n_work": n_work,
+        "kernel_ms": kernel_ms[0] if kernel_ms else None,
+        "kernel_ms_source": "torch.profiler (CUPTI kernel duration)" if kernel_ms else None,
+    }
 
 
 def _sm_clock_khz() -> float | None:

@@ -268,3 +268,27 @@ def test_recorded_trace_decodes(path):
     # a CTA never leaves its SM
     assert (tr.tiles.groupby("cta")["smid"].nunique() == 1).all()
     assert io.StringIO(json.dumps(tr.meta)).read()
+
+
+def test_recording_metadata_is_what_read_trace_expects():
+    """The metadata a live recording writes (built on the CPU here from stand-in device properties),
+    for both passes, decodes with an empty buffer of its layout."""
+    from types import SimpleNamespace
+
+    from jfa_prof import recording
+    from jfa_prof.inputs import Workload
+    from jfa_prof.records import BWD_ROLES, BWD_SITES, Layout
+    from jfa_prof.trace import layout_meta, trace_from_buffer
+
+    x = Workload("hsp", B=3, H=2, H_kv=2, D=64, Lq=16, max_kv=40, sparsity=0.5, broadcast_q=True).make("cpu")
+    props = SimpleNamespace(name="NVIDIA H200", multi_processor_count=132, major=9, minor=0)
+    layout = Layout(tile_capacity=4, n_ctas=2, n_roles=1, n_sites=1)
+    meta = recording._meta(x, props, "bwd", {"BLOCK_M": 64}, "bwd/bcast/bf16/d64/tma2/static/prof2",
+                           layout_meta(layout, BWD_ROLES, BWD_SITES), "static", "round-robin", 2, 4, [1.5, 1.6])
+    assert meta["kernel"] == {"name": "_jfa_bwd", "pass": "bwd", "config": {"BLOCK_M": 64},
+                              "variant": "bwd/bcast/bf16/d64/tma2/static/prof2"}
+    assert meta["workload"]["flops"] == x.flops("bwd") and meta["workload"]["total_kv"] == x.total_kv
+    assert meta["gpu"]["sm_count"] == 132 and meta["gpu"]["capability"] == "9.0"
+    assert meta["kernel_ms"] == 1.5 and meta["n_work"] == 4 and meta["profile_level"] == 2
+    tr = trace_from_buffer(np.zeros(layout.total_words, dtype=np.int64), meta)
+    assert tr.schedule == "static" and len(tr.tiles) == 0
