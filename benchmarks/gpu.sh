@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants record_bwd
+#   bwd_variants record_bwd host
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -34,6 +34,16 @@ record_bwd() {  # a backward recording (HSP s=0.5), each schedule
 overhead() {  # instrumentation and host-launch overhead
   profile
   python benchmarks/launch_overhead.py --out "$OUT/launch_overhead.json" 2>&1 | tail -6
+}
+host() {  # where a short call's host time goes; then the C launch cache off vs on, alternated 3 times
+  python benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | grep -v Warn | tail -16
+  for rep in 1 2 3; do
+    for cc in 0 1; do
+      echo "== JFA_PROF_C_CACHE=$cc ($rep)"
+      JFA_PROF_C_CACHE=$cc python benchmarks/host_overhead.py --quick --out "$OUT/host_overhead_cc${cc}_$rep.json" 2>&1 \
+        | grep -v Warn | tail -3
+    done
+  done
 }
 profile() {  # what each instrumentation level costs
   python benchmarks/profile_overhead.py --out "$OUT/profile_overhead.json" 2>&1 | tail -5

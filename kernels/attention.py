@@ -236,14 +236,14 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     # (stride-0) gradient. For everything else these are no-ops.
     q, k, v, o, lse = (t.contiguous() for t in (q, k, v, o, lse))
     do = do.to(o.dtype).contiguous()
-    kv_lens = kv_offsets[1:] - kv_offsets[:-1]
     if max_seq_len_kv < 0:
-        max_seq_len_kv = int(kv_lens.max()) if B > 0 else 0
+        max_seq_len_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max()) if B > 0 else 0
     delta = torch.empty((H, total_rows), dtype=torch.float32, device=dev)
-    if total_rows > 0:
-        grid = ((total_rows + bwd.DELTA_ROWS - 1) // bwd.DELTA_ROWS, H)
-        bwd._jfa_bwd_delta[grid](o, do, delta, total_rows, H, **bwd.delta_constexprs(head_dim=D),
-                                 num_warps=bwd.DELTA_WARPS, num_stages=1)
+    # Valid tiles: KV blocks per sequence, prefix-summed on the device by the delta kernel (no host sync).
+    tile_cum = torch.empty(B + 1, dtype=torch.int32, device=dev)
+    grid = (max(1, (total_rows + bwd.DELTA_ROWS - 1) // bwd.DELTA_ROWS), H)
+    bwd._jfa_bwd_delta[grid](o, do, delta, kv_offsets, tile_cum, total_rows, H, B, **bwd.delta_constexprs(head_dim=D),
+                             num_warps=bwd.DELTA_WARPS, num_stages=1)
     dk = torch.empty_like(k) if dk_out is None else dk_out
     dv = torch.empty_like(v) if dv_out is None else dv_out
     if not (dk.is_contiguous() and dv.is_contiguous() and dk.shape == k.shape and dv.shape == v.shape):
@@ -259,9 +259,6 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
         dq_acc = torch.zeros((H * D, rows_pad), dtype=torch.float32, device=dev)
         dq_desc = TensorDescriptor(dq_acc, shape=[H * D, rows_q], strides=[rows_pad, 1], block_shape=[D, block_m])
 
-    # Valid tiles: KV blocks per sequence, prefix-summed on the device (no host sync).
-    tile_cum = torch.zeros(B + 1, dtype=torch.int32, device=dev)
-    torch.cumsum((kv_lens + bwd.BLOCK_N - 1) // bwd.BLOCK_N, 0, out=tile_cum[1:])
     max_tiles = B * H_kv * ((max_seq_len_kv + bwd.BLOCK_N - 1) // bwd.BLOCK_N)
     grid = max(1, min(n_ctas or _sm_count(dev), max_tiles))
     queue = torch.zeros(1, dtype=torch.int32, device=dev) if schedule == "dynamic" else tile_cum

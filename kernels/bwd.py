@@ -4,7 +4,7 @@ Triton (`tl.dot` lowers to wgmma on sm_90) with TLX for the dQ staging. Kernels:
 
 - `_jfa_bwd_delta`: delta = rowsum(dO * O) in fp32, `[H, rows]` like the log-sum-exp. It is the
   row term of the softmax gradient, dS = P * (dP - delta), computed once instead of once per
-  KV block.
+  KV block. Its first program also builds the main kernel's tile list (below).
 - `_jfa_bwd`: persistent. Its tiles are the valid (batch, kv head, KV block of `BLOCK_N` keys)
   triples, block-innermost; the list is a prefix sum of KV blocks per sequence built on the GPU
   (no host sync), decoded by binary search, so empty sequences make no tiles. Tiles are dealt
@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jfa_prof.kernels import C_CACHE
 from jfa_prof.kernels import profiling as prof
 from jfa_prof.kernels.registry import KernelVariant, provider
 from jfa_prof.records import BWD_ROLES, BWD_SITES
@@ -59,6 +60,7 @@ NUM_WARPS = 8  # two warpgroups: each owns 64 of the block's keys in every wgmma
 NUM_STAGES = 2  # the inner loop's lse/delta loads are issued one query block ahead
 DELTA_ROWS = 16  # rows per program of the delta kernel
 DELTA_WARPS = 4
+DELTA_SCAN = 1024  # sequences per step of the tile-list prefix sum the delta kernel also builds
 # The deterministic dQ kernel: a [64, D] fp32 accumulator, 64 keys per step; two warpgroups, since
 # with one the offset tiles and accumulator spill.
 DQ_BLOCK_M = 64
@@ -93,8 +95,9 @@ assert tuple(BWD_ROLES) == ("compute", ) and tuple(BWD_SITES) == ("dq_stage", )
 _LOG2E = tl.constexpr(1.4426950408889634)
 
 
-@triton.jit(do_not_specialize=["total_rows", "H"])
-def _jfa_bwd_delta(o_ptr, do_ptr, delta_ptr, total_rows, H, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+@triton.jit(do_not_specialize=["total_rows", "H", "B"], c_cache=C_CACHE)
+def _jfa_bwd_delta(o_ptr, do_ptr, delta_ptr, kv_offsets, tile_cum, total_rows, H, B, HEAD_DIM: tl.constexpr,
+                   BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     h = tl.program_id(1)
     cols = tl.arange(0, HEAD_DIM)
@@ -103,6 +106,19 @@ def _jfa_bwd_delta(o_ptr, do_ptr, delta_ptr, total_rows, H, HEAD_DIM: tl.constex
     o = tl.load(o_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
     do = tl.load(do_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
     tl.store(delta_ptr + h.to(tl.int64) * total_rows + rows, tl.sum(o * do, 1), mask=ok)
+    # The main kernel's tile list: tile_cum[b] = KV blocks in the sequences before b. One program
+    # scans it here rather than a chain of small tensor ops, each a launch of its own.
+    if (tl.program_id(0) == 0) & (h == 0):
+        tl.store(tile_cum, 0)
+        carry = 0
+        for start in range(0, B, SCAN):
+            b = start + tl.arange(0, SCAN)
+            in_batch = b < B
+            lo = tl.load(kv_offsets + b, mask=in_batch, other=0)
+            hi = tl.load(kv_offsets + b + 1, mask=in_batch, other=0)
+            n_blocks = tl.cdiv(hi - lo, BLOCK_N).to(tl.int32)
+            tl.store(tile_cum + 1 + b, carry + tl.cumsum(n_blocks, 0), mask=in_batch)
+            carry += tl.sum(n_blocks, 0)
 
 
 @triton.jit
@@ -211,7 +227,7 @@ def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_
 # (== 1, divisible by 16) would recompile per batch and make the launched binary differ from the
 # one `jfa-prof spills` compiles from the registry.
 @triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "rows_pad",
-                               "tiles_off", "tile_cap", "spans_off", "waits_off"])
+                               "tiles_off", "tile_cap", "spans_off", "waits_off"], c_cache=C_CACHE)
 def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_desc, dk_ptr, dv_ptr, q_offsets, kv_offsets,
              tile_cum, queue, rec_ptr, sm_scale, H, GROUP, B, Lq_bcast, window, total_rows, dkv_heads, rows_pad,
              tiles_off, tile_cap, spans_off, waits_off,
@@ -343,7 +359,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             prof.write_wait(rec_ptr, waits_off, pid, 0, 1, 0, 1, dq_wait, dq_waits)
 
 
-@triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_pad", "batch_chunk"])
+@triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_pad", "batch_chunk"],
+            c_cache=C_CACHE)
 def _jfa_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_offsets, kv_offsets, sm_scale, H, GROUP,
                 B, Lq_bcast, window, total_rows, rows_pad, batch_chunk,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -462,12 +479,13 @@ def dq_constexprs(*, head_dim, broadcast_q, causal, has_window) -> dict:
 
 
 def delta_signature(dtype: str) -> dict[str, str]:
-    return {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}", "delta_ptr": "*fp32", "total_rows": "i32", "H": "i32",
-            "HEAD_DIM": "constexpr", "BLOCK_ROWS": "constexpr"}
+    return {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}", "delta_ptr": "*fp32", "kv_offsets": "*i32",
+            "tile_cum": "*i32", "total_rows": "i32", "H": "i32", "B": "i32", "HEAD_DIM": "constexpr",
+            "BLOCK_ROWS": "constexpr", "BLOCK_N": "constexpr", "SCAN": "constexpr"}
 
 
 def delta_constexprs(*, head_dim) -> dict:
-    return {"HEAD_DIM": head_dim, "BLOCK_ROWS": DELTA_ROWS}
+    return {"HEAD_DIM": head_dim, "BLOCK_ROWS": DELTA_ROWS, "BLOCK_N": BLOCK_N, "SCAN": DELTA_SCAN}
 
 
 # Every mask combination the op can launch (causal is jagged-only): (BROADCAST_Q, CAUSAL, HAS_WINDOW).

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
+from jfa_prof.kernels import C_CACHE
 from jfa_prof.kernels import profiling as prof
 from jfa_prof.kernels.registry import KernelVariant, provider
 from jfa_prof.records import FWD_ROLES, FWD_SITES
@@ -245,7 +246,7 @@ def _consume_range(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
     return cnt, p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn
 
 
-@triton.jit
+@triton.jit(c_cache=C_CACHE)
 def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offsets,
              work_list, n_work_ptr, queue_ptr, rec_ptr,
              sm_scale, H, GROUP, n_m_blocks, Lq_bcast, window, total_rows,

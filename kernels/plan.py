@@ -9,12 +9,13 @@ import torch
 import triton
 import triton.language as tl
 
+from jfa_prof.kernels import C_CACHE
 from jfa_prof.kernels.fwd import _tile_geometry
 
 _BLOCK = 1024
 
 
-@triton.jit
+@triton.jit(c_cache=C_CACHE)
 def _plan_keys(kv_offsets, q_offsets, keys, costs, n_work, n_tiles, H, n_m_blocks, Lq_bcast, window,
                BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BY_COST: tl.constexpr, BLOCK: tl.constexpr):
@@ -34,7 +35,7 @@ def _plan_keys(kv_offsets, q_offsets, keys, costs, n_work, n_tiles, H, n_m_block
     tl.atomic_add(n_work, tl.sum(has_rows.to(tl.int32), 0), sem="relaxed")
 
 
-@triton.jit
+@triton.jit(c_cache=C_CACHE)
 def _plan_deal(order, costs, tiles_out, costs_out, n_work, n, n_ctas, ZIGZAG: tl.constexpr, BLOCK: tl.constexpr):
     p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = p < n

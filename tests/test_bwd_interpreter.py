@@ -79,3 +79,40 @@ def test_bad_backward_options_are_refused_before_any_launch(options, message):
     with pytest.raises(BadInputError, match=message):
         bwd_launch(q, k, v, q, torch.zeros(2, 10), q, off, off, 6, 6, sm_scale=0.125, window=None, causal=False,
                    broadcast_q=False, **options)
+
+
+_TILE_LIST = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
+import torch
+from jfa_prof.inputs import offsets_from_lengths
+from jfa_prof.kernels import bwd
+lens = torch.tensor(json.loads(sys.argv[1]), dtype=torch.int64)
+for dtype in (torch.int32, torch.int64):
+    off = offsets_from_lengths(lens).to(dtype)
+    cum = torch.full((lens.numel() + 1, ), -7, dtype=torch.int32)
+    empty = torch.empty(0, 1, 64)
+    bwd._jfa_bwd_delta[(1, 1)](empty, empty, torch.empty(1, 0), off, cum, 0, 1, lens.numel(),
+                               **bwd.delta_constexprs(head_dim=64))
+    print(json.dumps(cum.tolist()))
+"""
+
+
+def test_delta_kernel_prefix_sums_kv_blocks_across_scan_chunks():
+    """The backward's tile list (KV blocks before each sequence) is built by the delta kernel's
+    first program in chunks of `DELTA_SCAN` sequences: a batch longer than one chunk must carry
+    the running sum over, for int32 and int64 offsets, with empty sequences adding nothing."""
+    import random
+
+    from jfa_prof.kernels import bwd
+
+    rng = random.Random(7)
+    lengths = [rng.choice([0, 1, 127, 128, 129, 300]) for _ in range(bwd.DELTA_SCAN + 77)]
+    run = subprocess.run([sys.executable, "-c", _TILE_LIST, json.dumps(lengths)], capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stderr[-4000:]
+    expected = [0]
+    for n in lengths:
+        expected.append(expected[-1] + -(-n // bwd.BLOCK_N))
+    got = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("[")]
+    assert got == [expected, expected]
