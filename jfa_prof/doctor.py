@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from jfa_prof import __version__
+from jfa_prof.kernels import C_CACHE_ENV
 
 # Keep in step with the pin in pyproject.toml (tests/test_doctor.py checks they agree).
 FBTRITON_PIN = "3.7.4"
@@ -91,6 +92,8 @@ class TritonInfo:
     tlx_file: str | None = None
     error: str | None = None
     tlx_error: str | None = None
+    # fbtriton's C launch cache (`triton.jit(c_cache=True)`), which the op's kernels opt into.
+    c_launch_cache: bool = False
 
     @property
     def importable(self) -> bool:
@@ -207,6 +210,8 @@ def assess(env: Environment) -> list[Check]:
     checks = [Check("python", Status.OK, f"{env.python_version} ({env.python_executable})")]
     checks.append(_torch_check(env.torch))
     checks.extend(_triton_checks(env.triton))
+    if env.triton.tlx_importable:
+        checks.append(_launch_cache_check(env.triton, os.environ.get(C_CACHE_ENV)))
     checks.append(_gpu_check(env))
     for name in BUNDLED_TOOLS:
         checks.append(_bundled_tool_check(env.tools.get(name) or ToolInfo(name)))
@@ -304,6 +309,15 @@ def _triton_checks(tri: TritonInfo) -> list[Check]:
     else:
         fork = Check("triton fork", Status.OK, f"fbtriton {tri.fbtriton_version}, no upstream triton")
     return [imported, tlx, fork]
+
+
+def _launch_cache_check(tri: TritonInfo, env_value: str | None) -> Check:
+    slower = "short calls spend more host time per launch (benchmarks/host_overhead.py)"
+    if not tri.c_launch_cache:
+        return Check("launch cache", Status.WARN, f"this triton has no C launch cache: {slower}", fix=TRITON_FIX)
+    if env_value == "0":
+        return Check("launch cache", Status.WARN, f"off ({C_CACHE_ENV}=0): {slower}", fix=f"unset {C_CACHE_ENV}")
+    return Check("launch cache", Status.OK, "on: the kernels' repeat launches are keyed in C (fbtriton c_cache)")
 
 
 def _gpu_check(env: Environment) -> Check:
@@ -433,6 +447,7 @@ def probe_triton() -> TritonInfo:
     except Exception as err:
         info.error = _describe(err)
         return info
+    info.c_launch_cache = hasattr(getattr(getattr(triton, "_C", None), "libtriton", None), "native_fast_dispatch")
     try:
         tlx = importlib.import_module("triton.language.extra.tlx")
         info.tlx_importable = True

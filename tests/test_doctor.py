@@ -287,3 +287,29 @@ def test_gpu_of_another_architecture_is_compile_only(env):
 def test_pin_matches_pyproject():
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert f'"fbtriton=={doctor.FBTRITON_PIN}"' in pyproject
+
+
+def test_launch_cache_is_reported_with_its_switch(env, monkeypatch):
+    monkeypatch.delenv("JFA_PROF_C_CACHE", raising=False)
+    assert env.triton.c_launch_cache  # fbtriton 3.7.4 has it
+    assert _check(env, "launch cache").status is Status.OK
+    monkeypatch.setenv("JFA_PROF_C_CACHE", "0")
+    off = _check(env, "launch cache")
+    assert off.status is Status.WARN and "JFA_PROF_C_CACHE=0" in off.detail and off.fix == "unset JFA_PROF_C_CACHE"
+    monkeypatch.delenv("JFA_PROF_C_CACHE")
+    missing = doctor._launch_cache_check(dataclasses.replace(env.triton, c_launch_cache=False), None)
+    assert missing.status is Status.WARN and "no C launch cache" in missing.detail
+
+
+def test_launch_cache_switch_reaches_every_launched_kernel():
+    import subprocess
+    import sys
+
+    code = ("from jfa_prof.kernels import bwd, fwd, plan\n"
+            "print(*(k.c_cache for k in (fwd._jfa_fwd, plan._plan_keys, plan._plan_deal, bwd._jfa_bwd_delta,"
+            " bwd._jfa_bwd, bwd._jfa_bwd_dq)))")
+    for value, expected in (("0", "False"), ("1", "True")):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "JFA_PROF_C_CACHE": value})
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout.split() == [expected] * 6
