@@ -44,23 +44,31 @@ def _timed_run(run):
 JITFunction.run = _timed_run(JITFunction.run)
 
 
-def host_us(fn, calls=CALLS):
-    """Median CPU microseconds of one call, each started on an idle GPU (a queue that is full of
-    earlier work would block the host and time the GPU instead). Also the median host time of
-    each Triton launch inside it, under "launch:<kernel>"."""
-    for _ in range(5):
-        fn()
+def host_us(fns, rounds=CALLS):
+    """Median CPU microseconds of one call of each of `fns` (name -> callable), each started on an
+    idle GPU (a queue full of earlier work would block the host and time the GPU instead). The
+    calls are interleaved round by round, so drift of a busy host spreads over all of them alike.
+    Also, per name, the median host time of each Triton launch inside ("launch:<kernel>") and of
+    the bwd_launch the op's backward runs on autograd's thread ("inner:bwd_launch")."""
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    times = collections.defaultdict(list)
+    inner = collections.defaultdict(list)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda.synchronize()
+            launches.clear()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+            for what, spent in launches.items():
+                inner[name, what if ":" in what else f"launch:{what}"] += spent
     torch.cuda.synchronize()
-    launches.clear()
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    inner = {f"launch:{k}": round(statistics.median(v) * 1e6, 1) for k, v in launches.items()}
-    return {"call": round(statistics.median(times) * 1e6, 1), **inner}
+    out = {name: {"call": round(statistics.median(t) * 1e6, 1)} for name, t in times.items()}
+    for (name, key), spent in inner.items():
+        out[name][key] = round(statistics.median(spent) * 1e6, 1)
+    return out
 
 
 def profile_text(fn, calls=50, top=25):
@@ -147,22 +155,18 @@ def backward_launch():
                       sm_scale=scale, window=None, causal=False, broadcast_q=True)
 
 
-def inside_autograd():
-    """Host time of the autograd call and of the bwd_launch inside it (on autograd's device thread)."""
-    inner = []
-    real_launch = attention.bwd_launch
-
-    def timed_launch(*args, **kwargs):
+def _timed_bwd_launch(real_launch):
+    """bwd_launch as the op's backward calls it (a module global, on autograd's device thread),
+    timed into `launches` like a kernel."""
+    def timed(*args, **kwargs):
         t0 = time.perf_counter()
         out = real_launch(*args, **kwargs)
-        inner.append(time.perf_counter() - t0)
+        launches["inner:bwd_launch"].append(time.perf_counter() - t0)
         return out
+    return timed
 
-    attention.bwd_launch = timed_launch
-    try:
-        return {**host_us(backward), "inner_bwd_launch": round(statistics.median(inner) * 1e6, 1)}
-    finally:
-        attention.bwd_launch = real_launch
+
+attention.bwd_launch = _timed_bwd_launch(attention.bwd_launch)
 
 
 def synchronizing_calls():
@@ -180,23 +184,23 @@ def synchronizing_calls():
     return found
 
 
-rows = {"fwd_op": host_us(op), "bwd_op": host_us(backward)}
+fns = {"fwd_op": op, "bwd_op": backward}
 extra = {}
 if not a.quick:
-    rows.update({
-        "fwd_op_planned": host_us(lambda: op(plan)),
-        "fwd_custom_op_planned": host_us(raw_op),
-        "fwd_launch_planned": host_us(launch_planned),
-        "fwd_work_list": host_us(work_list),
-        "fwd_descriptors": host_us(descriptors),
-        "empty_triton_launch": host_us(lambda: _empty_kernel[(1, )](x.q)),
-        "torch_empty": host_us(lambda: torch.empty(16, device="cuda")),
-        "bwd_op_inside_autograd": inside_autograd(),
-        "bwd_custom_op": host_us(raw_bwd_op),
-        "bwd_launch": host_us(backward_launch),
-        "bwd_launch_on_a_thread": host_us(lambda: on_a_thread(backward_launch)),
+    fns.update({
+        "fwd_op_planned": lambda: op(plan),
+        "fwd_custom_op_planned": raw_op,
+        "fwd_launch_planned": launch_planned,
+        "fwd_work_list": work_list,
+        "fwd_descriptors": descriptors,
+        "empty_triton_launch": lambda: _empty_kernel[(1, )](x.q),
+        "torch_empty": lambda: torch.empty(16, device="cuda"),
+        "bwd_custom_op": raw_bwd_op,
+        "bwd_launch": backward_launch,
+        "bwd_launch_on_a_thread": lambda: on_a_thread(backward_launch),
     })
     extra["syncs"] = synchronizing_calls()
+rows = host_us(fns)
 gpu_ms = {name: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
           for name, fn in (("fwd_op", op), ("fwd_launch_planned", launch_planned), ("bwd_op", backward),
                            ("bwd_launch", backward_launch))}
@@ -210,6 +214,6 @@ meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python"] + sys.argv), "workload": w.label,
         "c_cache": C_CACHE, "env": {k: os.environ.get(k) for k in ("JFA_PROF_C_CACHE", "TRITON_USE_C_DISPATCHER")},
-        "timer": "time.perf_counter per call, median of 200 (host); triton.testing.do_bench median (GPU)"}
+        "timer": "time.perf_counter per call, median of 200 interleaved rounds (host); triton.testing.do_bench median (GPU)"}
 with open(a.out, "w") as f:
     json.dump({"meta": meta, "host_us": rows, "do_bench_ms": gpu_ms, **extra}, f, indent=1)
