@@ -206,16 +206,17 @@ def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_
         # TMA reduce-add from shared memory, DQ_STAGES buffers deep: the bulk copy of one block
         # runs while the next block is computed. A buffer is refilled only once the copy that
         # last read it has (at most DQ_STAGES - 1 newer copies in flight); the thread that issued
-        # the copies waits, and the CTA barrier holds the others until it has. (Triton's own
-        # shared-memory hazard analysis adds the same barriers: two per block whatever the depth.)
+        # the copies waits, and a CTA barrier holds the others until it has. Triton's shared-memory
+        # hazard analysis places that barrier (and the one between the store and the copy) itself.
+        # Written out here they stopped Triton's software pipeliner from prefetching the next Q / dO
+        # block: the loads then waited in every step (4-9% of the kernel on three HSP points,
+        # benchmarks/results/bwd_variants_*pipelined*).
         # Rows past the sequence end add exactly zero (their dS is zero), so the box needs no mask;
         # past the tensor's end TMA clips it.
         buf = tlx.local_view(dq_stage, n_stored % DQ_STAGES)
         tlx.async_descriptor_store_wait(DQ_STAGES - 1)
-        tl.debug_barrier()
         tlx.local_store(buf, dq_t)
         tlx.fence_async_shared()
-        tl.debug_barrier()
         if NO_REDUCE:
             tlx.async_descriptor_store(dq_desc, buf, [h * HEAD_DIM, q_row0 + m0])
         else:

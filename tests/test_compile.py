@@ -204,3 +204,33 @@ def test_forward_variants_compile_in_worker_processes(tmp_path):
         assert "globaltimer" not in r.ptx and "clock64" not in r.ptx
     again = compile_many(variants, "sm_90a", cache_dir=tmp_path, jobs=2)
     assert all(r.cached for r in again)
+
+
+# ---- the backward's inner loop: the next query block's loads are in flight while one computes ---
+
+def _tma_loads_waited_one_by_one(ptx: str) -> list[bool]:
+    """For each TMA load (global to shared) after the first: was an mbarrier wait issued since the
+    previous one? False means the two copies went out back to back, the second not waited for."""
+    waited, seen, out = False, False, []
+    for line in ptx.splitlines():
+        if "cp.async.bulk.tensor" in line and ".global.mbarrier" in line:
+            if seen:
+                out.append(waited)
+            seen, waited = True, False
+        elif "mbarrier.try_wait" in line:
+            waited = True
+    return out
+
+
+@pytest.mark.parametrize("name", ["bwd/bcast/bf16/d128/tma2", "bwd/jagged/bf16/d128/atomic"])
+def test_backward_prefetches_the_next_query_block(name):
+    """Q and dO of the next step are copied back to back, before the current step's matmuls:
+    Triton's software pipeliner ran. (Barriers written into the loop once stopped it, and every
+    step then waited for its own loads: K, wait, V, wait, Q, wait, dO, wait.)"""
+    from jfa_prof.kernels import bwd
+
+    variant = {v.name: v for v in bwd.bwd_variants()}[name]
+    gaps = _tma_loads_waited_one_by_one(compile_variant(variant).ptx)
+    assert len(gaps) >= 3  # K, V, then Q / dO at least once
+    # the prologue's first Q / dO pair and the loop's prefetch pair
+    assert gaps.count(False) >= 2, gaps
