@@ -238,12 +238,7 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     do = do.to(o.dtype).contiguous()
     if max_seq_len_kv < 0:
         max_seq_len_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max()) if B > 0 else 0
-    delta = torch.empty((H, total_rows), dtype=torch.float32, device=dev)
-    # Valid tiles: KV blocks per sequence, prefix-summed on the device by the delta kernel (no host sync).
-    tile_cum = torch.empty(B + 1, dtype=torch.int32, device=dev)
-    grid = (max(1, (total_rows + bwd.DELTA_ROWS - 1) // bwd.DELTA_ROWS), H)
-    bwd._jfa_bwd_delta[grid](o, do, delta, kv_offsets, tile_cum, total_rows, H, B, **bwd.delta_constexprs(head_dim=D),
-                             num_warps=bwd.DELTA_WARPS, num_stages=1)
+    delta, tile_cum = _bwd_delta(o, do, kv_offsets)
     dk = torch.empty_like(k) if dk_out is None else dk_out
     dv = torch.empty_like(v) if dv_out is None else dv_out
     if not (dk.is_contiguous() and dv.is_contiguous() and dk.shape == k.shape and dv.shape == v.shape):
@@ -295,6 +290,21 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     dq_out = torch.empty_like(q)
     dq_out.copy_(dq_acc[:, :rows_q].view(H, D, rows_q).permute(2, 0, 1))
     return dq_out, dk, dv, (rec if profile else None), BwdLaunch(grid, layout, dq_mode, schedule)
+
+
+def _bwd_delta(o, do, kv_offsets):
+    """delta = rowsum(dO * O), [H, rows] fp32, and the main kernel's tile list: KV blocks per
+    sequence, prefix-summed on the device by the same kernel (no host sync)."""
+    from jfa_prof.kernels import bwd
+
+    total_rows, H, D = o.shape
+    B = kv_offsets.numel() - 1
+    delta = torch.empty((H, total_rows), dtype=torch.float32, device=o.device)
+    tile_cum = torch.empty(B + 1, dtype=torch.int32, device=o.device)
+    grid = (max(1, (total_rows + bwd.DELTA_ROWS - 1) // bwd.DELTA_ROWS), H)
+    bwd._jfa_bwd_delta[grid](o, do, delta, kv_offsets, tile_cum, total_rows, H, B, **bwd.delta_constexprs(head_dim=D),
+                             num_warps=bwd.DELTA_WARPS, num_stages=1)
+    return delta, tile_cum
 
 
 def _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q, win,

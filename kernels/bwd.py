@@ -1,6 +1,7 @@
 """Jagged Flash Attention backward for Hopper (sm_90a).
 
-Triton (`tl.dot` lowers to wgmma on sm_90) with TLX for the dQ staging. Kernels:
+The main kernel is TLX: shared-memory buffers, mbarriers and asynchronous wgmma written out;
+the two helper kernels are plain Triton. Kernels:
 
 - `_jfa_bwd_delta`: delta = rowsum(dO * O) in fp32, `[H, rows]` like the log-sum-exp. It is the
   row term of the softmax gradient, dS = P * (dP - delta), computed once instead of once per
@@ -12,6 +13,10 @@ Triton (`tl.dot` lowers to wgmma on sm_90) with TLX for the dQ staging. Kernels:
   walks the query heads of the kv head's group and, for each, the query blocks that can see
   this KV block, recomputing P from Q, K and the saved log-sum-exp. dK and dV are summed over the
   whole group in registers and written once, so GQA needs no second reduction pass.
+  Per step (one query block of one head): S^T = K Q^T and dP^T = V dO^T go to the tensor cores
+  together and P^T is computed while dP^T runs; dS^T goes to shared memory while dV += P^T dO and
+  dK += dS^T Q run, then dQ^T = K^T dS^T; the next step's Q and dO are copied in meanwhile (two
+  slots).
 - dQ is a sum over KV blocks (and, for broadcast-Q, over the batch too, since every sequence
   reads the same Q rows), accumulated in fp32 `[H * D, rows]` (transposed: a tile's dQ^T lands
   on contiguous rows) and converted by the launcher. `DQ_MODE` picks how:
@@ -22,8 +27,9 @@ Triton (`tl.dot` lowers to wgmma on sm_90) with TLX for the dQ staging. Kernels:
   none: `_jfa_bwd` computes no dQ and `_jfa_bwd_dq` computes it deterministically (fixed order,
   no atomics; it recomputes P and dP, three more matmuls per block).
 
-Q, dO, K and V arrive by TMA (descriptor loads): no address or mask registers, and the rows a
-block reads past its sequence's end (the next sequence's) are masked out of P.
+Q, dO, K and V arrive by TMA (descriptor loads into shared memory, one mbarrier for K and V,
+one per Q / dO slot): no address or mask registers, and the rows a block reads past its
+sequence's end (the next sequence's) are masked out of P.
 
 The tiles are computed transposed (keys on the rows): P^T and dS^T are then the register
 operand (A) of the dV and dK matmuls, the only operand wgmma can take from registers, and K, V,
@@ -54,10 +60,12 @@ BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
 # operands in shared memory, N = 32 asks more of shared memory than it delivers (~1.5x of its 128
 # B/clk per SM at the tensor cores' rate); N = 64 is at the limit. 64 was 1.21-1.28x faster on the
 # H200 over three HSP points (benchmarks/results/bwd_variants_*.json), though ptxas then spills a
-# little at D = 128 (76 bytes per thread for broadcast-Q, `jfa-prof spills --kernel bwd`).
+# little at D = 128 (about 240 bytes per thread with dQ, none without: `jfa-prof spills --kernel bwd`).
 BLOCK_M = 64
 NUM_WARPS = 8  # two warpgroups: each owns 64 of the block's keys in every wgmma
-NUM_STAGES = 2  # the inner loop's lse/delta loads are issued one query block ahead
+# Triton's pipelining depth. The main kernel's copies are written out, yet at 1 its code differs and
+# ptxas spills a third more (320 vs 240 bytes per thread, broadcast-Q D = 128).
+NUM_STAGES = 2
 DELTA_ROWS = 16  # rows per program of the delta kernel
 DELTA_WARPS = 4
 DELTA_SCAN = 1024  # sequences per step of the tile-list prefix sum the delta kernel also builds
@@ -93,6 +101,7 @@ ABLATIONS = {
 assert tuple(BWD_ROLES) == ("compute", ) and tuple(BWD_SITES) == ("dq_stage", )
 
 _LOG2E = tl.constexpr(1.4426950408889634)
+_STORE_ROWS = tl.constexpr(16)  # dK / dV rows per store: 16 x 128 bf16 is one 16-byte vector per thread
 
 
 @triton.jit(do_not_specialize=["total_rows", "H", "B"], c_cache=C_CACHE)
@@ -224,6 +233,29 @@ def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_
     return n_stored + 1
 
 
+@triton.jit
+def _store_rows(buf, ptr, row_stride, n_rows, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows [0, n_rows) of a [ROWS, HEAD_DIM] shared-memory tile to `ptr`, _STORE_ROWS rows at a time
+    (a chunk's pointers fit in a few registers)."""
+    cols = tl.arange(0, HEAD_DIM)
+    for c in tl.static_range(ROWS // _STORE_ROWS):
+        rows = c * _STORE_ROWS + tl.arange(0, _STORE_ROWS)
+        chunk = tlx.local_load(tlx.local_slice(buf, [c * _STORE_ROWS, 0], [_STORE_ROWS, HEAD_DIM]))
+        tl.store(ptr + rows[:, None] * row_stride + cols[None, :], chunk, mask=(rows < n_rows)[:, None])
+
+
+@triton.jit
+def _load_step(q_desc, do_desc, q_bufs, do_bufs, bars, slot, i, n_m, m_lo, kvh, GROUP, q_row0, o_row0,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Start the copies of step i's Q and dO blocks (query head kvh * GROUP + i // n_m, query block
+    m_lo + i % n_m) into `slot`; one barrier counts both."""
+    h = kvh * GROUP + i // n_m
+    m0 = (m_lo + i % n_m) * BLOCK_M
+    tlx.barrier_expect_bytes(bars[slot], 2 * BLOCK_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(q_desc)))
+    tlx.async_descriptor_load(q_desc, q_bufs[slot], [q_row0 + m0, h * HEAD_DIM], bars[slot])
+    tlx.async_descriptor_load(do_desc, do_bufs[slot], [o_row0 + m0, h * HEAD_DIM], bars[slot])
+
+
 # Lengths, head counts and the window change from batch to batch: specializing on their values
 # (== 1, divisible by 16) would recompile per batch and make the launched binary differ from the
 # one `jfa-prof spills` compiles from the registry.
@@ -236,7 +268,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              DQ_MODE: tl.constexpr, DQ_STAGES: tl.constexpr, DYNAMIC: tl.constexpr, PROFILE: tl.constexpr,
              ABLATE: tl.constexpr):
-    dtype: tl.constexpr = dk_ptr.dtype.element_ty
+    dtype: tl.constexpr = tlx.dtype_of(q_desc)
     NO_DQ: tl.constexpr = (ABLATE & 1) != 0 or DQ_MODE == DQ_NONE
     NO_REDUCE: tl.constexpr = (ABLATE & 2) != 0
     NO_MASK: tl.constexpr = (ABLATE & 4) != 0
@@ -244,16 +276,28 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     n_tiles = tl.load(tile_cum + B) * H_kv
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
+    # The tile's K and V stay resident; each step's Q and dO blocks arrive in one of two slots, the
+    # next step's copy running while this one computes; dS^T goes through shared memory (two slots)
+    # as the B operand of the dQ matmul.
+    k_buf = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1)
+    v_buf = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1)
+    q_bufs = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, 2)
+    do_bufs = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, 2)
+    kv_bar = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    step_bars = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    if not NO_DQ:
+        ds_bufs = tlx.local_alloc((BLOCK_N, BLOCK_M), dtype, 2)
     if DQ_MODE == DQ_TMA:
         dq_stage = tlx.local_alloc((HEAD_DIM, BLOCK_M), tl.float32, DQ_STAGES)
     else:
         dq_stage = 0
     n_stored = 0
+    step = 0  # steps done by this program: slot and phase of step_bars
+    n_tiles_done = 0  # phase of kv_bar
     if PROFILE:
         sm = prof.smid()
         span_t0 = prof.globaltimer()
         span_c0 = tlx.clock64()
-        n_done = 0
         dq_wait = tl.zeros([], tl.int64)
         dq_waits = tl.zeros([], tl.int64)
     # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.
@@ -281,72 +325,104 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         n_ids = n0 + tl.arange(0, BLOCK_N)
         n_ok = n_ids < Lk
         kv_base = _head_base(kv_start + n0, H_kv, kvh, HEAD_DIM)
-        # TMA loads: no address or mask registers. Rows past the sequence end hold the next
-        # sequence's keys (zeros past the tensor's end); the mask zeroes their P, and their dK /
-        # dV rows are never stored.
-        k = k_desc.load([kv_start + n0, kvh * HEAD_DIM])
-        v = v_desc.load([kv_start + n0, kvh * HEAD_DIM])
         m_lo, m_hi = _query_block_range(n0, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+        n_m = m_hi - m_lo
+        n_steps = GROUP * n_m
+        # Every warp is done with the previous tile's matmuls before its K and V are overwritten.
+        tl.debug_barrier()
+        # K, V and the first step's Q and dO: four copies in flight at once. Rows past the sequence
+        # end hold the next sequence's keys (zeros past the tensor's end); the mask zeroes their
+        # P, and their dK / dV rows are never stored.
+        tlx.barrier_expect_bytes(kv_bar[0], 2 * BLOCK_N * HEAD_DIM * tlx.size_of(dtype))
+        tlx.async_descriptor_load(k_desc, k_buf[0], [kv_start + n0, kvh * HEAD_DIM], kv_bar[0])
+        tlx.async_descriptor_load(v_desc, v_buf[0], [kv_start + n0, kvh * HEAD_DIM], kv_bar[0])
+        if n_steps > 0:
+            _load_step(q_desc, do_desc, q_bufs, do_bufs, step_bars, step % 2, 0, n_m, m_lo, kvh, GROUP, q_row0,
+                       o_row0, HEAD_DIM, BLOCK_M)
         qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
         kv_full = n0 + BLOCK_N <= Lk
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
         dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        for g in range(GROUP):
-            h = kvh * GROUP + g
-            for m_blk in range(m_lo, m_hi):
-                m0 = m_blk * BLOCK_M
-                m_ids = m0 + tl.arange(0, BLOCK_M)
-                m_ok = m_ids < Lq
-                stat_offs = h.to(tl.int64) * total_rows + o_row0 + m_ids
-                q = q_desc.load([q_row0 + m0, h * HEAD_DIM])
-                do = do_desc.load([o_row0 + m0, h * HEAD_DIM])
-                lse = tl.load(lse_ptr + stat_offs, mask=m_ok, other=0.0)
-                delta = tl.load(delta_ptr + stat_offs, mask=m_ok, other=0.0)
-
-                # P recomputed from the saved log-sum-exp. A row that saw no key has lse = -inf
-                # and no visible entry, so the select, not the exponential, makes its P zero.
-                qk_t = tl.dot(k, tl.trans(q))
-                p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :] * _LOG2E)
-                # Peeled: a block wholly inside both sequences, with no window or causal rule,
-                # skips the mask arithmetic (a runtime branch, one loop: see fwd's peeling note).
-                if not NO_MASK:
-                    if HAS_WINDOW or CAUSAL or not kv_full or m0 + BLOCK_M > Lq:
-                        visible = n_ok[:, None] & m_ok[None, :]
-                        if HAS_WINDOW:
-                            diff = m_ids[None, :] - n_ids[:, None]
-                            visible = visible & (diff <= window) & (diff >= -window)
-                        if CAUSAL:
-                            visible = visible & (n_ids[:, None] <= m_ids[None, :] + (Lk - Lq))
-                        p_t = tl.where(visible, p_t, 0.0)
-                dv += tl.dot(p_t.to(dtype), do)
-                dp_t = tl.dot(v, tl.trans(do))
-                ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
-                dk += tl.dot(ds_t, q)
-                if not NO_DQ:
-                    # dQ^T = K^T dS^T keeps the block's 128 keys as the reduction dimension and the
-                    # head dim as wgmma's M; dS^T dotted the other way round would have only BLOCK_M
-                    # rows, too few for wgmma, and fall back to mma.sync with K copied to registers.
-                    dq_t = tl.dot(tl.trans(k), ds_t) * sm_scale
-                    if PROFILE >= 2 and DQ_MODE == DQ_TMA:
-                        w0 = tlx.clock64()
-                    n_stored = _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad,
-                                         n_stored, HEAD_DIM, BLOCK_M, DQ_MODE, DQ_STAGES, NO_REDUCE)
-                    if PROFILE >= 2 and DQ_MODE == DQ_TMA:
-                        dq_wait += tlx.clock64() - w0
-                        dq_waits += 1
-        # Keys no query sees still get their (zero) rows written: dK and dV come from torch.empty.
-        # The store's offsets and mask are built here from values the K/V load did not use (dK's
-        # own head count, the rows left in the sequence), so the compiler cannot merge them with
-        # the load's and keep a [BLOCK_N, HEAD_DIM] offset and mask tile alive across the loop,
-        # where the dK/dV accumulators need the registers.
-        dkv_offs = _row_offsets(BLOCK_N, _opaque(dkv_heads * HEAD_DIM), HEAD_DIM)
-        rows_left = tl.arange(0, BLOCK_N) < Lk - n0
-        tl.store(dk_ptr + kv_base + dkv_offs, (dk * sm_scale).to(dtype), mask=rows_left[:, None])
-        tl.store(dv_ptr + kv_base + dkv_offs, dv.to(dtype), mask=rows_left[:, None])
+        tlx.barrier_wait(kv_bar[0], n_tiles_done & 1)
+        for i in range(n_steps):
+            slot = step % 2
+            h = kvh * GROUP + i // n_m
+            m0 = (m_lo + i % n_m) * BLOCK_M
+            m_ids = m0 + tl.arange(0, BLOCK_M)
+            m_ok = m_ids < Lq
+            stat_offs = h.to(tl.int64) * total_rows + o_row0 + m_ids
+            lse = tl.load(lse_ptr + stat_offs, mask=m_ok, other=0.0)
+            delta = tl.load(delta_ptr + stat_offs, mask=m_ok, other=0.0)
+            tlx.barrier_wait(step_bars[slot], (step // 2) & 1)
+            q_s = q_bufs[slot]
+            do_s = do_bufs[slot]
+            # S^T = K Q^T and dP^T = V dO^T go to the tensor cores together; P^T is computed while
+            # dP^T runs. (Issuing dV before dP^T is waited for holds P^T's registers longer: more spills.)
+            qk_t = tlx.async_dot(k_buf[0], tlx.local_trans(q_s))
+            dp_t = tlx.async_dot(v_buf[0], tlx.local_trans(do_s))
+            qk_t = tlx.async_dot_wait(1, qk_t)
+            # P recomputed from the saved log-sum-exp. A row that saw no key has lse = -inf
+            # and no visible entry, so the select, not the exponential, makes its P zero.
+            p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :] * _LOG2E)
+            # Peeled: a block wholly inside both sequences, with no window or causal rule,
+            # skips the mask arithmetic (a runtime branch, one loop: see fwd's peeling note).
+            if not NO_MASK:
+                if HAS_WINDOW or CAUSAL or not kv_full or m0 + BLOCK_M > Lq:
+                    visible = n_ok[:, None] & m_ok[None, :]
+                    if HAS_WINDOW:
+                        diff = m_ids[None, :] - n_ids[:, None]
+                        visible = visible & (diff <= window) & (diff >= -window)
+                    if CAUSAL:
+                        visible = visible & (n_ids[:, None] <= m_ids[None, :] + (Lk - Lq))
+                    p_t = tl.where(visible, p_t, 0.0)
+            dp_t = tlx.async_dot_wait(0, dp_t)
+            ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+            dv = tlx.async_dot(p_t.to(dtype), do_s, dv)
+            dk = tlx.async_dot(ds_t, q_s, dk)
+            if not NO_DQ:
+                ds_s = ds_bufs[slot]
+                tlx.local_store(ds_s, ds_t)
+                tlx.fence("async_shared")
+            # Every warp has finished the previous step (its matmuls were waited for), so the next
+            # step's Q and dO may overwrite the slot that step read; and this step's dS^T is whole.
+            tl.debug_barrier()
+            if i + 1 < n_steps:
+                _load_step(q_desc, do_desc, q_bufs, do_bufs, step_bars, (step + 1) % 2, i + 1, n_m, m_lo, kvh,
+                           GROUP, q_row0, o_row0, HEAD_DIM, BLOCK_M)
+            if not NO_DQ:
+                # dQ^T = K^T dS^T keeps the block's 128 keys as the reduction dimension and the
+                # head dim as wgmma's M.
+                dq_t = tlx.async_dot(tlx.local_trans(k_buf[0]), ds_s)
+                dq_t = tlx.async_dot_wait(0, dq_t) * sm_scale
+                if PROFILE >= 2 and DQ_MODE == DQ_TMA:
+                    w0 = tlx.clock64()
+                n_stored = _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_stored,
+                                     HEAD_DIM, BLOCK_M, DQ_MODE, DQ_STAGES, NO_REDUCE)
+                if PROFILE >= 2 and DQ_MODE == DQ_TMA:
+                    dq_wait += tlx.clock64() - w0
+                    dq_waits += 1
+            dv = tlx.async_dot_wait(0, dv)
+            dk = tlx.async_dot_wait(0, dk)
+            step += 1
+        n_tiles_done += 1
+        # dK and dV leave through the K and V buffers, free once every warp is past the last
+        # matmul: written from the accumulators' layout, read back in row chunks in a layout that
+        # stores coalesced. (Converting in registers would take a 32 KB scratch buffer the kernel
+        # has no room for.) Keys no query sees still get their (zero) rows written: dK and dV come
+        # from torch.empty; rows past the sequence end belong to the next sequence and are skipped.
+        tl.debug_barrier()
+        tlx.local_store(k_buf[0], (dk * sm_scale).to(dtype))
+        tlx.local_store(v_buf[0], dv.to(dtype))
+        tl.debug_barrier()
+        # The head count goes through `_opaque` so the chunks' offsets are built per tile, not
+        # hoisted out of the persistent loop into registers the accumulators need. The stride
+        # stays a visible multiple of HEAD_DIM, which lets the stores be 16 bytes wide.
+        row_stride = _opaque(dkv_heads) * HEAD_DIM
+        _store_rows(k_buf[0], dk_ptr + kv_base, row_stride, Lk - n0, BLOCK_N, HEAD_DIM)
+        _store_rows(v_buf[0], dv_ptr + kv_base, row_stride, Lk - n0, BLOCK_N, HEAD_DIM)
         if PROFILE:
             prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, sm, t, b, kvh, blk, Lk,
-                            (m_hi - m_lo) * GROUP, t0, prof.globaltimer(), c0, tlx.clock64(), 0)
-            n_done += 1
+                            n_steps, t0, prof.globaltimer(), c0, tlx.clock64(), 0)
         if DYNAMIC:
             t = tl.atomic_add(queue, 1, sem="relaxed")
         else:
@@ -355,7 +431,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
     if PROFILE:
         prof.write_span(rec_ptr, spans_off, pid, 0, 1, sm, span_t0, prof.globaltimer(), span_c0, tlx.clock64(),
-                        n_done)
+                        n_tiles_done)
         if PROFILE >= 2:
             prof.write_wait(rec_ptr, waits_off, pid, 0, 1, 0, 1, dq_wait, dq_waits)
 

@@ -1,9 +1,11 @@
-"""The backward kernels' math on the CPU: Triton's interpreter runs the real kernel source (masks,
-query-block ranges, GQA loop, dQ atomics) against the fp32 reference's autograd.
+"""The backward's dQ math on the CPU: Triton's interpreter runs the real source of the delta kernel
+and the deterministic dQ kernel (masks, query-block and KV-block ranges, GQA, the batch sum of
+broadcast-Q) against the fp32 reference's autograd.
 
-What it cannot see is anything the GPU compile decides (layouts, wgmma, async copies); the GPU
-tests cover that. The interpreter is picked when the kernels are decorated, so the cases run in
-a child process (`tests/bwd_cases.py`)."""
+The main kernel (dK, dV and the reduced dQ) is TLX: K, V, Q and dO in shared memory behind
+mbarriers, asynchronous wgmma. The interpreter has none of that, so the GPU tests cover it
+(`tests/test_bwd_gpu.py`, the same cases and more). The interpreter is picked when the kernels are
+decorated, so the cases run in a child process (`tests/bwd_cases.py`)."""
 import json
 import subprocess
 import sys
@@ -28,15 +30,12 @@ CASES = [
     # causal bottom-right with unequal lengths, with and without a window
     dict(lengths=LENGTHS, H=2, H_kv=2, D=64, q_lengths=Q_LENGTHS, causal=True),
     dict(lengths=LENGTHS, H=2, H_kv=1, D=64, q_lengths=Q_LENGTHS, causal=True, window=64, dtype="fp16"),
-    # window 0: one key per row, so dQ = dK = 0 exactly
+    # window 0: one key per row, so dQ = 0 exactly
     dict(lengths=LENGTHS, H=2, H_kv=2, D=64, window=0),
     # nothing but empty sequences
     dict(lengths=[0, 0], H=2, H_kv=2, D=64, Lq=33),
-    # the deterministic dQ kernel: batch parts summed in order (broadcast), one sequence per part (jagged)
-    dict(lengths=LENGTHS, H=4, H_kv=2, D=64, Lq=150, dq="deterministic"),
-    dict(lengths=LENGTHS, H=2, H_kv=1, D=64, q_lengths=Q_LENGTHS, causal=True, window=64, dq="deterministic"),
-    # tiles taken from the atomic queue
-    dict(lengths=LENGTHS, H=4, H_kv=2, D=64, Lq=70, schedule="dynamic"),
+    # broadcast-Q at D=64, GQA 2:1: the batch split into parts, summed in a fixed order
+    dict(lengths=LENGTHS, H=4, H_kv=2, D=64, Lq=150),
 ]
 
 
@@ -53,7 +52,7 @@ def results():
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[
     "bcast-gqa-d128", "bcast-window33", "jagged-window1-fp16", "causal", "causal-window-fp16", "window0",
-    "all-empty", "bcast-deterministic", "causal-window-deterministic", "bcast-dynamic"])
+    "all-empty", "bcast-gqa-d64"])
 def test_backward_matches_reference_in_interpreter(results, i):
     dtype = CASES[i].get("dtype", "bf16")
     for name, errors in results[i].items():
