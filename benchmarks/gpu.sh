@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants record_bwd host
+#   bwd_variants fwd_variants record_bwd host
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -91,6 +91,9 @@ ncu() {  # hardware counters of the forward: schedules, then peeled vs every blo
 }
 bwd_variants() {  # the backward's block size, dQ staging depth and schedule side by side
   python benchmarks/bwd_variants.py --out "$OUT/bwd_variants.json" 2>&1 | grep -v Warn | tail -20
+}
+fwd_variants() {  # the forward's K/V ring depth and Q buffers per consumer side by side
+  python benchmarks/fwd_variants.py --out "$OUT/fwd_variants.json" 2>&1 | grep -v Warn | tail -16
 }
 ncu_bwd() {  # hardware counters of the backward: TMA reduce-add vs atomics for dQ
   python -m jfa_prof ncu --pass bwd --dq tma --vs-dq atomic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 \

@@ -34,7 +34,7 @@ def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
 
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
                schedule="lpt", peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
-               lse_out=None, work=None, launch_hook=None, ablate=0):
+               lse_out=None, work=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
     `profile` is the instrumentation level (0/False off, 1 tile records and role spans, 2/True also
@@ -42,7 +42,8 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     unless `record_capacity` asks for fewer (then the kernel counts what it had to drop).
     `work` reuses a work list built earlier; `launch_hook(phase)` is called with "before" and
     "after" right around the kernel launch, so a caller can time the kernel alone. `ablate` is a
-    bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on purpose."""
+    bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on purpose. `kv_stages` /
+    `q_bufs` override the K/V ring depth and the Q buffers per consumer, for benchmarks of the choice."""
     from jfa_prof.kernels import fwd
 
     H, D = q.shape[1], q.shape[2]
@@ -81,7 +82,8 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
     constexprs = fwd.fwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                     has_window=window is not None, peel=peel, schedule=schedule,
-                                    profile=_profile_level(profile), ablate=ablate)
+                                    profile=_profile_level(profile), ablate=ablate,
+                                    kv_stages=kv_stages or fwd.NUM_KV_STAGES, q_bufs=q_bufs or fwd.NUM_Q_BUFS)
     if launch_hook:
         launch_hook("before")
     fwd._jfa_fwd[(grid, )](*args, **constexprs, num_warps=fwd.NUM_WARPS, num_stages=1)

@@ -28,6 +28,7 @@ BLOCK_M = 128  # query rows per tile: two consumer warpgroups of 64
 BLOCK_N = 128  # keys per KV block
 NUM_CONSUMERS = 2
 NUM_KV_STAGES = 2
+NUM_Q_BUFS = 2  # Q buffers per consumer
 CONSUMER_REGS = 232
 NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
 
@@ -254,7 +255,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              PEEL: tl.constexpr, SCHEDULE: tl.constexpr, PROFILE: tl.constexpr,
-             NUM_STAGES: tl.constexpr, ABLATE: tl.constexpr = 0):
+             NUM_STAGES: tl.constexpr, Q_BUFS: tl.constexpr, ABLATE: tl.constexpr = 0):
     SPLIT_M: tl.constexpr = BLOCK_M // 2
     NO_O_STORE: tl.constexpr = (ABLATE & 1) != 0
     NO_EXP: tl.constexpr = (ABLATE & 2) != 0
@@ -269,13 +270,15 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
     n_progs = tl.num_programs(0)
     n_work = tl.load(n_work_ptr)
 
-    # Two Q buffers per consumer: the producer loads the next tile's Q while this one computes.
+    # Q_BUFS (two) Q buffers per consumer: the producer loads the next tile's Q while this one
+    # computes. (One buffer and a third K/V stage fit too; that was slower where Lq = 256 and faster
+    # only on the most memory-bound point: benchmarks/results/fwd_variants_*.)
     # A consumer also stages its output tile through its current Q buffer (see the epilogue).
-    q_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 4)
+    q_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 2 * Q_BUFS)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)
-    q_fulls = tlx.alloc_barriers(num_barriers=4, arrive_count=1)
-    q_empties = tlx.alloc_barriers(num_barriers=4, arrive_count=1)
+    q_fulls = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
+    q_empties = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
     k_empties = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
@@ -318,8 +321,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
                 if n_blocks > 0:
                     kv_col = (h // GROUP) * HEAD_DIM
-                    qb = q_cnt % 2
-                    q_phase = (q_cnt // 2) & 1
+                    qb = q_cnt % Q_BUFS
+                    q_phase = (q_cnt // Q_BUFS) & 1
                     # Q for consumer 0, first K, Q for consumer 1, first V: consumer 0 starts early.
                     w_qe, n_qe = prof.timed_wait(q_empties[qb], q_phase ^ 1, w_qe, n_qe, PROFILE)
                     tlx.barrier_expect_bytes(q_fulls[qb], TILE_BYTES_Q)
@@ -327,10 +330,10 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     w_ke, n_ke = _load_kv(desc_k, k_tiles, k_fulls, k_empties, kv_cnt,
                                           kv_start + blk_lo * BLOCK_N, kv_col, TILE_BYTES_KV, w_ke, n_ke,
                                           NUM_STAGES, PROFILE)
-                    w_qe, n_qe = prof.timed_wait(q_empties[2 + qb], q_phase ^ 1, w_qe, n_qe, PROFILE)
-                    tlx.barrier_expect_bytes(q_fulls[2 + qb], TILE_BYTES_Q)
-                    tlx.async_descriptor_load(desc_q, q_tiles[2 + qb], [q_row0 + m0 + SPLIT_M, h * HEAD_DIM],
-                                              q_fulls[2 + qb])
+                    w_qe, n_qe = prof.timed_wait(q_empties[Q_BUFS + qb], q_phase ^ 1, w_qe, n_qe, PROFILE)
+                    tlx.barrier_expect_bytes(q_fulls[Q_BUFS + qb], TILE_BYTES_Q)
+                    tlx.async_descriptor_load(desc_q, q_tiles[Q_BUFS + qb], [q_row0 + m0 + SPLIT_M, h * HEAD_DIM],
+                                              q_fulls[Q_BUFS + qb])
                     w_ve, n_ve = _load_kv(desc_v, v_tiles, v_fulls, v_empties, kv_cnt,
                                           kv_start + blk_lo * BLOCK_N, kv_col, TILE_BYTES_KV, w_ve, n_ve,
                                           NUM_STAGES, PROFILE)
@@ -401,7 +404,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                 m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
                 l_i = tl.zeros([SPLIT_M], tl.float32)
                 acc = tl.zeros([SPLIT_M, HEAD_DIM], tl.float32)
-                q_slot = cid * 2 + q_cnt % 2
+                q_slot = cid * Q_BUFS + q_cnt % Q_BUFS
                 q_buf = q_tiles[q_slot]
                 if n_blocks > 0:
                     # Blocks every valid row of this consumer sees in full need no mask.
@@ -425,7 +428,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     else:
                         mid_lo = blk_hi
                         mid_hi = blk_hi
-                    w_qf, n_qf = prof.timed_wait(q_fulls[q_slot], (q_cnt // 2) & 1, w_qf, n_qf, PROFILE)
+                    w_qf, n_qf = prof.timed_wait(q_fulls[q_slot], (q_cnt // Q_BUFS) & 1, w_qf, n_qf, PROFILE)
                     p = tl.zeros([SPLIT_M, BLOCK_N], dtype)
                     if NO_MASK:
                         MODE: tl.constexpr = _MASK_NEVER
@@ -529,15 +532,17 @@ def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str
                  "rec_spans_off", "rec_waits_off"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "PEEL", "SCHEDULE",
-                 "PROFILE", "NUM_STAGES", "ABLATE"):
+                 "PROFILE", "NUM_STAGES", "Q_BUFS", "ABLATE"):
         sig[name] = "constexpr"
     return sig
 
 
-def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate=0) -> dict:
+def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate=0,
+                   kv_stages=NUM_KV_STAGES, q_bufs=NUM_Q_BUFS) -> dict:
+    """`kv_stages` / `q_bufs` (K/V ring depth, Q buffers per consumer) exist for benchmarks of the choice."""
     return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window, "PEEL": peel, "SCHEDULE": SCHEDULE_IDS[schedule],
-            "PROFILE": int(profile), "NUM_STAGES": NUM_KV_STAGES, "ABLATE": ablate}
+            "PROFILE": int(profile), "NUM_STAGES": kv_stages, "Q_BUFS": q_bufs, "ABLATE": ablate}
 
 
 # PROFILE levels by the name they carry in variant names.
