@@ -685,7 +685,7 @@ def results_document(records: list[dict[str, Any]], meta: dict[str, Any],
 
 FRAME_COLUMNS = ("pass", "grid", "label", "B", "H", "H_kv", "D", "Lq", "max_kv", "sparsity", "broadcast_q",
                  "total_q", "total_kv", "flops", "impl", "kind", "ms", "ms_repeat", "tflops", "ratio_vs_fa4",
-                 "ratio_vs_best_peer", "best_peer", "rel_err", "peak_mem_mb", "error")
+                 "ratio_vs_best_peer", "best_peer", "rel_err", "peak_mem_mb", "error", "bound", "floor_ms", "roof")
 
 
 @dataclass
@@ -720,12 +720,28 @@ class BenchResults:
         names = list(dict.fromkeys(n for r in self.records for n in r["impls"]))
         return sorted(names, key=lambda n: (impl_kind(n) != "jfa", names.index(n)))
 
+    def spec(self):
+        """The measuring GPU's entry in `jfa_prof.hardware`, or None for a GPU it does not know."""
+        from jfa_prof.hardware import lookup
+
+        return lookup(self.meta.get("gpu"))
+
+    def rooflines(self) -> list:
+        """Per record, its `jfa_prof.analyses.roofline.Roofline` on the measuring GPU (None where
+        the GPU or the record's shape is unknown)."""
+        from jfa_prof.analyses.roofline import roofline_of_record
+
+        spec = self.spec()
+        return [roofline_of_record(r, spec) if spec else None for r in self.records]
+
     def frame(self):
-        """One row per (point, implementation); see :data:`FRAME_COLUMNS`."""
+        """One row per (point, implementation); see :data:`FRAME_COLUMNS`. ``bound``, ``floor_ms``
+        and ``roof`` (the share of the roofline reached) are empty for a GPU the hardware table
+        does not know."""
         import pandas as pd
 
         rows = []
-        for r in self.records:
+        for r, roof in zip(self.records, self.rooflines()):
             w = r["workload"]
             for name, e in r["impls"].items():
                 rows.append({
@@ -738,9 +754,12 @@ class BenchResults:
                     "best_peer": r.get("best_peer"),
                     "rel_err": e.get("rel_err_vs_ref", e.get("rel_err_vs_first")),
                     "peak_mem_mb": e.get("peak_mem_mb"), "error": e.get("error"),
+                    "bound": roof.bound if roof else None, "floor_ms": roof.floor_ms if roof else None,
+                    "roof": roof.fraction(e.get("ms")) if roof else None,
                 })
         df = pd.DataFrame(rows, columns=list(FRAME_COLUMNS))
-        for c in ("ms", "ms_repeat", "tflops", "ratio_vs_fa4", "ratio_vs_best_peer", "rel_err", "peak_mem_mb"):
+        for c in ("ms", "ms_repeat", "tflops", "ratio_vs_fa4", "ratio_vs_best_peer", "rel_err", "peak_mem_mb",
+                  "floor_ms", "roof"):
             df[c] = pd.to_numeric(df[c], errors="coerce")
         return df
 

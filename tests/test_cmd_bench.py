@@ -53,8 +53,10 @@ def test_bench_recorded_tables():
     assert next(line for line in out.splitlines() if line.strip().startswith("fa4")).split()[:3] == \
         ["fa4", "0.3959", "279"]
     assert "jfa-lpt" in out and "÷fa4" in out
-    summary = [line.split() for line in out.splitlines() if line.strip().startswith(POINT)][-1]
+    *_, summary, roof = [line.split() for line in out.splitlines() if line.strip().startswith(POINT)]
     assert summary[-6:] == ["88", "279", "0.32", "fa4", "279", "0.32"]
+    # The roofline: this point's unavoidable bytes take 0.147 ms at the H200's 4.8 TB/s.
+    assert roof[-4:] == ["memory", "0.147", "12%", "37%"]
 
 
 BWD = H200.with_name("bench_bwd_hsp_h200_2026-11-30.json")
@@ -81,7 +83,7 @@ def test_bench_recorded_filters():
     assert result.exit_code == 2 and "holds no fwd results for grid jagged" in result.output
     result = runner.invoke(app, ["bench", "--results", str(H200), "--no-detail"])
     assert result.exit_code == 0 and "implementation" not in result.stdout
-    assert sum(line.strip().startswith("hsp ") for line in result.stdout.splitlines()) == 18
+    assert sum(line.strip().startswith("hsp ") for line in result.stdout.splitlines()) == 2 * 18  # summary, roofline
 
 
 def test_bench_recorded_bad_file(tmp_path):

@@ -68,12 +68,14 @@ def bench(
     if json:
         typer.echo(_json.dumps({"origin": origin, "provenance": provenance,
                                 "file": str(res.path) if res.path else None,
-                                "html": str(html) if html else None, **res.to_dict()}, indent=1))
+                                "html": str(html) if html else None, **res.to_dict(),
+                                "rooflines": [r.to_dict() if r else None for r in res.rooflines()]}, indent=1))
         return
     console = Console(highlight=False, soft_wrap=True)
     if detail if detail is not None else frame["label"].nunique() <= 4:
         render.bench_table(frame, console, title=f"{pass_} · {grids} · {provenance}")
     render.summary_table(frame, console, ours=res.baseline, title=f"{pass_} TFLOPS · {grids} · {provenance}")
+    render.roofline_table(frame, console, ours=res.baseline, title=f"{pass_} roofline · {grids} · {res.gpu}")
     unavailable = {k: p for k, p in res.peers.items() if not p.get("available", True)}
     for k, p in unavailable.items():
         console.print(f"[yellow]peer {k} not run:[/] {p.get('reason')}")

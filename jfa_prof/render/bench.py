@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["bench_table", "facets", "impl_order", "summary_table", "tflops_figure"]
+__all__ = ["bench_table", "facets", "impl_order", "roofline_table", "summary_table", "tflops_figure"]
 
 _PALETTE = qualitative.D3 + qualitative.Set2
 
@@ -97,8 +97,17 @@ def escape_html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+ROOF_NOTE = ("roof: the point's floor (its FLOPs at the dense tensor-core peak, or the HBM bytes it cannot avoid "
+             "at peak bandwidth, whichever is longer) divided by the time; memory-bound points cannot pass 100% "
+             "of HBM bandwidth")
+
+
 def _num(x, fmt: str) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _pct(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.0%}"
 
 
 def _ours(frame: pd.DataFrame, names: Sequence[str], ours: str | None) -> str | None:
@@ -162,3 +171,25 @@ def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = N
                       f"{escape(best)} {_num(b.tflops, '.0f')}" if b is not None else "–",
                       _num(getattr(r, "ratio_vs_best_peer", None), ".2f"))
     console.print(table)
+
+
+def roofline_table(frame: pd.DataFrame, console: Console, *, ours: str | None = None,
+                   title: str = "roofline") -> None:
+    """A row per point: what bounds it (the tensor cores or HBM), its floor in ms, and the share of
+    that floor ``ours`` and FA4 reached. Prints nothing for a GPU the hardware table lacks."""
+    if not frame["bound"].notna().any():
+        return
+    names = impl_order(frame)
+    ours = _ours(frame, names, ours)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("workload", "left"), ("bound", "left"), ("floor ms", "right"),
+                          (f"{ours or 'ours'} roof", "right"), ("fa4 roof", "right")):
+        table.add_column(escape(name), justify=justify, no_wrap=True)
+    for label, point in frame.groupby("label", sort=False):
+        by = {r.impl: r for r in point.itertuples(index=False)}
+        first = point.iloc[0]
+        table.add_row(escape(str(label)), first["bound"] if isinstance(first["bound"], str) else "–",
+                      _num(first["floor_ms"], ".3f"), _pct(getattr(by.get(ours), "roof", None)),
+                      _pct(getattr(by.get("fa4"), "roof", None)))
+    console.print(table)
+    console.print(f"[dim]{ROOF_NOTE}[/]")
