@@ -42,7 +42,7 @@ def _jfa_variants(x):
         # it in every attention layer: time the kernel with a list built beforehand too.
         def build():
             wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
-                               block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=w.window, causal=w.causal,
+                               block_m=fwd.BLOCK_M, window=w.window, causal=w.causal,
                                schedule=schedule,
                                n_ctas=torch.cuda.get_device_properties(0).multi_processor_count)
             return launcher(schedule, work=wl)()

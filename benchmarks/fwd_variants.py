@@ -1,13 +1,15 @@
-"""The forward's buffer choices side by side: K/V ring depth and Q buffers per consumer, on HSP
-points, each checked against the fp32 reference first. Times the kernel alone (the work list is
-built once, outside the timed call), medians of triton.testing.do_bench; the first variant is timed
-twice for the noise. Variants that do not fit in shared memory are reported, not timed.
+"""The forward's buffer choices side by side: K/V ring depth, Q buffers per consumer and keys per
+KV block, on HSP points, each checked against the fp32 reference first. Times the kernel alone (the work list is
+built once, outside the timed call) with triton.testing.do_bench, in rounds that alternate the
+variants; each variant's figure is the median of its rounds. Variants that do not fit in shared
+memory are reported, not timed.
 
     python benchmarks/fwd_variants.py --out benchmarks/results/fwd_variants.json
 """
 import argparse
 import json
 import math
+import statistics
 
 import torch
 
@@ -17,12 +19,15 @@ from jfa_prof.kernels import fwd
 from jfa_prof.kernels.attention import fwd_launch
 from jfa_prof.schedule import fwd_work_list
 
-VARIANTS = [(2, 2), (3, 1), (2, 1)]  # (K/V stages, Q buffers per consumer)
+# (K/V stages, Q buffers per consumer, keys per KV block): 4 x 64 keys take the shared memory of
+# 2 x 128 and keep more of it in flight.
+VARIANTS = [(2, 2, 128), (4, 2, 64), (3, 1, 128), (2, 1, 128)]
 POINTS = ((128, 4096, 0.9), (128, 1024, 0.5), (256, 2048, 0.5), (256, 4096, 0.9), (128, 2048, 0.1))
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--schedule", default="lpt")
+ap.add_argument("--rounds", type=int, default=3)
 args = ap.parse_args()
 device = timing.require_gpu("the forward variants benchmark")
 n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
@@ -32,31 +37,34 @@ for lq, kv, s in POINTS:
     x = w.make(device)
     scale = 1 / math.sqrt(w.D)
     ref = bench.reference_output(x, "fwd")
-    work = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=None,
-                         causal=False, schedule=args.schedule, n_ctas=n_ctas)
+    works = {n: fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, block_n=n, window=None,
+                              causal=False, schedule=args.schedule, n_ctas=n_ctas) for n in {v[2] for v in VARIANTS}}
     row = {"workload": w.label, "flops": x.flops("fwd"), "variants": {}}
-    for i, (stages, q_bufs) in enumerate(VARIANTS):
-        def run(stages=stages, q_bufs=q_bufs):
+    runs = {}
+    for stages, q_bufs, block_n in VARIANTS:
+        def run(stages=stages, q_bufs=q_bufs, block_n=block_n):
             return fwd_launch(x.q, x.k, x.v, None, x.kv_offsets, lq, sm_scale=scale, window=None, causal=False,
-                              broadcast_q=True, schedule=args.schedule, work=work, kv_stages=stages,
-                              q_bufs=q_bufs)[0]
-        name = f"kv{stages}/q{q_bufs}"
+                              broadcast_q=True, schedule=args.schedule, work=works[block_n], kv_stages=stages,
+                              q_bufs=q_bufs, block_n=block_n)[0]
+        name = f"kv{stages}x{block_n}/q{q_bufs}"
         try:
-            entry = {"rel_err_vs_ref": bench.rel_err(run(), ref)}
+            row["variants"][name] = {"rel_err_vs_ref": bench.rel_err(run(), ref), "rounds": []}
+            runs[name] = run
         except Exception as err:  # noqa: BLE001 - a variant over the shared-memory limit is reported
             row["variants"][name] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
-            print(f"{w.label:28s} {name:10s} failed: {row['variants'][name]['error']}", flush=True)
-            continue
-        if i == 0:
-            t = timing.time_twice(run)
-            entry["ms"], entry["ms_repeat"] = t.ms, t.ms_repeat
-        else:
-            entry["ms"] = timing.bench(run)
+            print(f"{w.label:28s} {name:12s} failed: {row['variants'][name]['error']}", flush=True)
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            row["variants"][name]["rounds"].append(timing.bench(run))
+    for name in runs:
+        entry = row["variants"][name]
+        entry["ms"] = statistics.median(entry["rounds"])
         entry["tflops"] = row["flops"] / entry["ms"] / 1e9
-        row["variants"][name] = entry
-        print(f"{w.label:28s} {name:10s} {entry['ms']:8.3f} ms {entry['tflops']:6.1f} TFLOPS "
-              f"err {entry['rel_err_vs_ref']:.1e}", flush=True)
+        print(f"{w.label:28s} {name:12s} {entry['ms']:8.3f} ms {entry['tflops']:6.1f} TFLOPS "
+              f"(rounds {', '.join(f'{r:.3f}' for r in entry['rounds'])}) err {entry['rel_err_vs_ref']:.1e}",
+              flush=True)
     rows.append(row)
-meta = timing.measurement_meta(command=f"python benchmarks/fwd_variants.py --out {args.out} --schedule {args.schedule}")
+meta = timing.measurement_meta(command=f"python benchmarks/fwd_variants.py --out {args.out} --schedule {args.schedule} "
+                                      f"--rounds {args.rounds}")
 with open(args.out, "w") as fh:
     json.dump({"meta": meta, "results": rows}, fh, indent=1)

@@ -36,7 +36,7 @@ overhead() {  # instrumentation and host-launch overhead
   python benchmarks/launch_overhead.py --out "$OUT/launch_overhead.json" 2>&1 | tail -6
 }
 host() {  # where a short call's host time goes; then the C launch cache off vs on, alternated 3 times
-  python benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | grep -v Warn | tail -16
+  python benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | grep -v Warn | tail -21
   for rep in 1 2 3; do
     for cc in 0 1; do
       echo "== JFA_PROF_C_CACHE=$cc ($rep)"
@@ -89,11 +89,11 @@ ncu() {  # hardware counters of the forward: schedules, then peeled vs every blo
   python -m jfa_prof ncu --schedule static --vs-no-peel --grid hsp --lq 256 --max-kv 2048 --sparsity 0.1 \
     -o "$OUT/fwd_static_peel.ncu-rep" 2>&1 | grep -v Warning | tail -40
 }
-bwd_variants() {  # the backward's block size, dQ staging depth and schedule side by side
-  python benchmarks/bwd_variants.py --out "$OUT/bwd_variants.json" 2>&1 | grep -v Warn | tail -20
+bwd_variants() {  # the backward's build choices side by side (dQ reduction, schedule, block, tile-boundary work)
+  python benchmarks/bwd_variants.py --out "$OUT/bwd_variants.json" 2>&1 | grep -v Warn | tail -24
 }
 fwd_variants() {  # the forward's K/V ring depth and Q buffers per consumer side by side
-  python benchmarks/fwd_variants.py --out "$OUT/fwd_variants.json" 2>&1 | grep -v Warn | tail -16
+  python benchmarks/fwd_variants.py --out "$OUT/fwd_variants.json" 2>&1 | grep -v Warn | tail -21
 }
 ncu_bwd() {  # hardware counters of the backward: TMA reduce-add vs atomics for dQ
   python -m jfa_prof ncu --pass bwd --dq tma --vs-dq atomic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 \

@@ -49,7 +49,7 @@ for lq, kv, s in ((128, 1024, 0.1), (128, 1024, 0.5), (256, 2048, 0.1), (256, 20
             return fwd_launch(x.q, x.k, x.v, None, x.kv_offsets, lq, sm_scale=1 / math.sqrt(w.D), window=None,
                               causal=False, broadcast_q=True, schedule=schedule, work=wl)[0]
 
-        wl = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=None,
+        wl = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, window=None,
                            causal=False, schedule=schedule, n_ctas=n_sms)
         ref = call()
         replay = graphed(call)

@@ -36,7 +36,7 @@ for lq, kv, s in ((256, 2048, 0.1), (256, 2048, 0.5), (128, 1024, 0.5), (256, 40
     x = w.make("cuda")
     row = {"workload": w.label}
     for schedule in ("lpt", "dynamic"):
-        wl = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=None,
+        wl = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, window=None,
                            causal=False, schedule=schedule, n_ctas=torch.cuda.get_device_properties(0).multi_processor_count)
 
         def run(profile, schedule=schedule, wl=wl):

@@ -1,5 +1,6 @@
-"""A small forward case of every schedule (and one instrumented launch), then the backward with
-every dQ reduction and schedule, checked against the reference: the target of compute-sanitizer runs.
+"""A small forward case of every schedule (and one instrumented launch), also with a single query
+block (the 64-key KV blocks), then the backward with every dQ reduction and schedule, checked
+against the reference: the target of compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck python benchmarks/sanitize_case.py
 """
@@ -23,6 +24,14 @@ for schedule, profile in (("static", False), ("lpt", False), ("dynamic", False),
                             broadcast_q=True, schedule=schedule, profile=profile, n_ctas=4)
     err = float((o.float() - ref).norm() / ref.norm())
     print(f"{schedule} profile={profile} rel_err={err:.2e}")
+    assert err < 1e-2
+q_short = q[:100]  # one query block per (batch, head): 64-key KV blocks
+ref_short, _ = reference_attention(q_short, k, v, None, kv_off, broadcast_q=True)
+for schedule in ("lpt", "dynamic"):
+    o, _, _, launch = fwd_launch(q_short, k, v, None, kv_off, 100, sm_scale=1 / math.sqrt(128), window=None,
+                                 causal=False, broadcast_q=True, schedule=schedule, n_ctas=4)
+    err = float((o.float() - ref_short).norm() / ref_short.norm())
+    print(f"{schedule} Lq=100 block_n={launch.block_n} rel_err={err:.2e}")
     assert err < 1e-2
 
 qr, kr, vr = (t.detach().float().requires_grad_() for t in (q, k, v))

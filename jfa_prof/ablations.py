@@ -89,7 +89,7 @@ def _fwd_launcher(x, schedule: str) -> Callable[[int], Callable[[], Any]]:
     q_off = None if w.broadcast_q else x.q_offsets
     n_ctas = torch.cuda.get_device_properties(x.q.device).multi_processor_count
     work = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
-                         block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=w.window, causal=w.causal,
+                         block_m=fwd.BLOCK_M, window=w.window, causal=w.causal,
                          schedule=schedule, n_ctas=n_ctas)
     scale = 1.0 / math.sqrt(w.D)
 

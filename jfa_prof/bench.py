@@ -159,7 +159,7 @@ def jfa_impls(x, schedules: Sequence[str] = ("lpt",), pass_: str = "fwd") -> lis
             from jfa_prof.schedule import fwd_work_list
 
             wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
-                               block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=w.window, causal=w.causal,
+                               block_m=fwd.BLOCK_M, window=w.window, causal=w.causal,
                                schedule=s, n_ctas=torch.cuda.get_device_properties(x.q.device).multi_processor_count)
 
             def run():
@@ -514,7 +514,7 @@ def fwd_host_breakdown(x, *, n: int = 20, schedule: str = "lpt") -> dict[str, di
 
     def build():
         return fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
-                             block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=w.window, causal=w.causal,
+                             block_m=fwd.BLOCK_M, window=w.window, causal=w.causal,
                              schedule=schedule, n_ctas=n_sms)
 
     def launch(wl):

@@ -46,7 +46,7 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
     q_off = None if workload.broadcast_q else x.q_offsets
     props = torch.cuda.get_device_properties(device)
     work = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if workload.broadcast_q else None, workload.H,
-                         x.max_seq_len_q, block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=workload.window,
+                         x.max_seq_len_q, block_m=fwd.BLOCK_M, window=workload.window,
                          causal=workload.causal, schedule=schedule, n_ctas=props.multi_processor_count)
     kwargs = dict(sm_scale=1.0 / math.sqrt(workload.D), window=workload.window, causal=workload.causal,
                   broadcast_q=workload.broadcast_q, schedule=schedule, peel=peel, profile=level,
@@ -60,9 +60,10 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
                            launch_hook=lambda phase: events[phase].record()), "_jfa_fwd")
     constexprs = fwd.fwd_constexprs(head_dim=workload.D, broadcast_q=workload.broadcast_q, causal=workload.causal,
                                     has_window=workload.window is not None, peel=peel, schedule=schedule,
-                                    profile=level)
+                                    profile=level, block_n=launch.block_n, kv_stages=fwd.KV_STAGES[launch.block_n])
     variant = (f"fwd/{'bcast' if workload.broadcast_q else 'jagged'}/{workload.dtype}/d{workload.D}/{schedule}/"
-               f"{'peel' if peel else 'nopeel'}/{'prof' if level == 2 else 'prof-tiles'}")
+               f"{'peel' if peel else 'nopeel'}/{'prof' if level == 2 else 'prof-tiles'}"
+               + ("" if launch.block_n == fwd.BLOCK_N else f"/n{launch.block_n}"))
     meta = _meta(x, props, "fwd", constexprs, variant, layout_meta(launch.layout), schedule, MECHANISMS[schedule],
                  level, int(launch.work.n_work.item()), kernel_ms)
     meta["launch_ms_cuda_events"] = events["before"].elapsed_time(events["after"])

@@ -74,14 +74,19 @@ def zigzag(order: torch.Tensor, n_valid: torch.Tensor, n_ctas: int) -> torch.Ten
 
 
 def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: int | None, H: int,
-                  max_seq_len_q: int, *, block_m: int, block_n: int, window: int | None, causal: bool,
+                  max_seq_len_q: int, *, block_m: int, block_n: int | None = None, window: int | None, causal: bool,
                   schedule: str, n_ctas: int, reference: bool = False) -> WorkList:
     """The work list for one launch. Offsets on a GPU go through the fused kernels in
-    `jfa_prof.kernels.plan` unless `reference` asks for the tensor-op version below."""
+    `jfa_prof.kernels.plan` unless `reference` asks for the tensor-op version below. `block_n`
+    (keys per KV block) defaults to the forward kernel's choice for this many query blocks."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     rows = Lq if q_offsets is None else max_seq_len_q
     n_m_blocks = max(1, -(-rows // block_m))
+    if block_n is None:
+        from jfa_prof.kernels.fwd import kv_block_n
+
+        block_n = kv_block_n(n_m_blocks)
     if kv_offsets.is_cuda and not reference:
         from jfa_prof.kernels.plan import fwd_work_list_gpu
 

@@ -21,6 +21,7 @@ class FwdLaunch:
     n_slots: int
     layout: records.Layout | None
     work: object
+    block_n: int  # keys per KV block
 
 
 def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
@@ -34,7 +35,7 @@ def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
 
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
                schedule="lpt", peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
-               lse_out=None, work=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None):
+               lse_out=None, work=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None, block_n=None):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
     `profile` is the instrumentation level (0/False off, 1 tile records and role spans, 2/True also
@@ -42,8 +43,9 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     unless `record_capacity` asks for fewer (then the kernel counts what it had to drop).
     `work` reuses a work list built earlier; `launch_hook(phase)` is called with "before" and
     "after" right around the kernel launch, so a caller can time the kernel alone. `ablate` is a
-    bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on purpose. `kv_stages` /
-    `q_bufs` override the K/V ring depth and the Q buffers per consumer, for benchmarks of the choice."""
+    bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on purpose. `kv_stages`,
+    `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per consumer and the keys per
+    KV block, for benchmarks of the choice (a `work` list must have been built for that `block_n`)."""
     from jfa_prof.kernels import fwd
 
     H, D = q.shape[1], q.shape[2]
@@ -58,8 +60,11 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         n_ctas = torch.cuda.get_device_properties(q.device).multi_processor_count
     if work is None:
         work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, Lq, H, max_seq_len_q,
-                             block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=window, causal=causal,
+                             block_m=fwd.BLOCK_M, block_n=block_n, window=window, causal=causal,
                              schedule=schedule, n_ctas=n_ctas)
+    # The work list counts KV blocks of this size: the default one for its query blocks, unless
+    # the caller built it (and asks here) for another.
+    block_n = block_n or fwd.kv_block_n(work.n_m_blocks)
     n_slots = work.tiles.numel()
     grid = max(1, min(n_ctas, n_slots))
     queue = torch.zeros(1, dtype=torch.int32, device=q.device) if schedule == "dynamic" else work.n_work
@@ -75,7 +80,7 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         rec = torch.empty(1, dtype=torch.int64, device=q.device)
     q_off = kv_offsets if q_offsets is None else q_offsets
     args = (
-        _descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, fwd.BLOCK_N, D), _descriptor(v, fwd.BLOCK_N, D),
+        _descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, block_n, D), _descriptor(v, block_n, D),
         _descriptor(o, fwd.BLOCK_M // 2, D), o, lse, q_off, kv_offsets, work.tiles, work.n_work, queue, rec,
         sm_scale, H, H // H_kv, work.n_m_blocks, Lq or 0, window if window is not None else 0, total_rows,
         layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
@@ -83,13 +88,14 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     constexprs = fwd.fwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                     has_window=window is not None, peel=peel, schedule=schedule,
                                     profile=_profile_level(profile), ablate=ablate,
-                                    kv_stages=kv_stages or fwd.NUM_KV_STAGES, q_bufs=q_bufs or fwd.NUM_Q_BUFS)
+                                    kv_stages=kv_stages or fwd.KV_STAGES[block_n], q_bufs=q_bufs or fwd.NUM_Q_BUFS,
+                                    block_n=block_n)
     if launch_hook:
         launch_hook("before")
     fwd._jfa_fwd[(grid, )](*args, **constexprs, num_warps=fwd.NUM_WARPS, num_stages=1)
     if launch_hook:
         launch_hook("after")
-    return o, lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work)
+    return o, lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work, block_n)
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ def plan_attention(kv_offsets, q_offsets=None, *, max_seq_len_q: int, H: int, wi
     if n_ctas is None:
         n_ctas = torch.cuda.get_device_properties(kv_offsets.device).multi_processor_count
     work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, max_seq_len_q if broadcast_q else None, H,
-                         max_seq_len_q, block_m=fwd.BLOCK_M, block_n=fwd.BLOCK_N, window=window_size, causal=causal,
+                         max_seq_len_q, block_m=fwd.BLOCK_M, window=window_size, causal=causal,
                          schedule=schedule, n_ctas=n_ctas)
     return AttentionPlan(work, schedule, H, window_size, bool(causal), bool(broadcast_q), int(max_seq_len_q),
                          kv_offsets.data_ptr())

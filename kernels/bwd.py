@@ -302,15 +302,26 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         dq_waits = tl.zeros([], tl.int64)
     # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.
     # Dealt round-robin, or (DYNAMIC) taken from a queue as programs free up.
+    # Each tile is decoded while the one before it runs: the search's loads then wait behind that
+    # tile's copies, not in front of them. (Also fetching the next tile's K and V into L2 with a TMA
+    # prefetch, and storing whole dK / dV blocks by TMA, measured 1-3% slower on three HSP points:
+    # benchmarks/results/bwd_variants_boundary_*.)
     if DYNAMIC:
         t = tl.atomic_add(queue, 1, sem="relaxed")
     else:
         t = pid
+    b_next = 0
+    kvh_next = 0
+    blk_next = 0
+    if t < n_tiles:
+        b_next, kvh_next, blk_next = _find_tile(t, tile_cum, B, H_kv)
     while t < n_tiles:
         if PROFILE:
             t0 = prof.globaltimer()
             c0 = tlx.clock64()
-        b, kvh, blk = _find_tile(t, tile_cum, B, H_kv)
+        b = b_next
+        kvh = kvh_next
+        blk = blk_next
         kv_start = tl.load(kv_offsets + b)
         Lk = tl.load(kv_offsets + b + 1) - kv_start
         n0 = blk * BLOCK_N
@@ -339,6 +350,12 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         if n_steps > 0:
             _load_step(q_desc, do_desc, q_bufs, do_bufs, step_bars, step % 2, 0, n_m, m_lo, kvh, GROUP, q_row0,
                        o_row0, HEAD_DIM, BLOCK_M)
+        if DYNAMIC:
+            t_next = tl.atomic_add(queue, 1, sem="relaxed")
+        else:
+            t_next = t + n_progs
+        if t_next < n_tiles:
+            b_next, kvh_next, blk_next = _find_tile(t_next, tile_cum, B, H_kv)
         qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
         kv_full = n0 + BLOCK_N <= Lk
         dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
@@ -415,18 +432,14 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         tlx.local_store(v_buf[0], dv.to(dtype))
         tl.debug_barrier()
         # The head count goes through `_opaque` so the chunks' offsets are built per tile, not
-        # hoisted out of the persistent loop into registers the accumulators need. The stride
-        # stays a visible multiple of HEAD_DIM, which lets the stores be 16 bytes wide.
+        # hoisted out of the persistent loop into registers the accumulators need.
         row_stride = _opaque(dkv_heads) * HEAD_DIM
         _store_rows(k_buf[0], dk_ptr + kv_base, row_stride, Lk - n0, BLOCK_N, HEAD_DIM)
         _store_rows(v_buf[0], dv_ptr + kv_base, row_stride, Lk - n0, BLOCK_N, HEAD_DIM)
         if PROFILE:
             prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, sm, t, b, kvh, blk, Lk,
                             n_steps, t0, prof.globaltimer(), c0, tlx.clock64(), 0)
-        if DYNAMIC:
-            t = tl.atomic_add(queue, 1, sem="relaxed")
-        else:
-            t += n_progs
+        t = t_next
     if DQ_MODE == DQ_TMA:
         tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
     if PROFILE:

@@ -29,6 +29,18 @@ BLOCK_N = 128  # keys per KV block
 NUM_CONSUMERS = 2
 NUM_KV_STAGES = 2
 NUM_Q_BUFS = 2  # Q buffers per consumer
+# Where each (batch, head) has a single query block (at most BLOCK_M rows), every K/V block is read
+# for that block alone and the kernel waits on memory: 64-key blocks four deep take the shared memory
+# of 128 x 2, keep more bytes in flight and waste less at the end of short sequences (H200, HSP
+# Lq = 128: 1.01-1.17x; at Lq = 256, where the work per byte doubles, 0.95-0.98x, so 128 there:
+# benchmarks/results/fwd_variants_h200_*).
+SHORT_Q_BLOCK_N = 64
+KV_STAGES = {BLOCK_N: NUM_KV_STAGES, SHORT_Q_BLOCK_N: 4}  # K/V ring depth by keys per block
+
+
+def kv_block_n(n_m_blocks: int) -> int:
+    """Keys per KV block for launches whose (batch, head)s have `n_m_blocks` query blocks."""
+    return SHORT_Q_BLOCK_N if n_m_blocks == 1 else BLOCK_N
 CONSUMER_REGS = 232
 NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
 
@@ -538,9 +550,10 @@ def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str
 
 
 def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate=0,
-                   kv_stages=NUM_KV_STAGES, q_bufs=NUM_Q_BUFS) -> dict:
-    """`kv_stages` / `q_bufs` (K/V ring depth, Q buffers per consumer) exist for benchmarks of the choice."""
-    return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
+                   kv_stages=NUM_KV_STAGES, q_bufs=NUM_Q_BUFS, block_n=BLOCK_N) -> dict:
+    """`kv_stages`, `q_bufs`, `block_n` (K/V ring depth, Q buffers per consumer, keys per KV block)
+    exist for benchmarks of the choice."""
+    return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window, "PEEL": peel, "SCHEDULE": SCHEDULE_IDS[schedule],
             "PROFILE": int(profile), "NUM_STAGES": kv_stages, "Q_BUFS": q_bufs, "ABLATE": ablate}
 
@@ -552,7 +565,8 @@ PROFILE_LEVELS = {"noprof": 0, "prof-tiles": 1, "prof": 2}
 @provider
 def fwd_variants() -> list[KernelVariant]:
     """The forward variants worth compiling on their own: the broadcast-Q production path across
-    dtypes, head dims, schedules, peeling and profiling levels, plus the jagged-Q mask modes."""
+    dtypes, head dims, schedules, peeling and profiling levels, plus the jagged-Q mask modes; each
+    peeled one also with the 64-key blocks of single-query-block launches (name suffix /n64)."""
     out = []
     modes = [("bcast", True, False, False), ("jagged", False, False, False), ("jagged-causal", False, True, False),
              ("jagged-window", False, False, True)]
@@ -564,13 +578,19 @@ def fwd_variants() -> list[KernelVariant]:
                         for prof_name, level in PROFILE_LEVELS.items():
                             if mode != "bcast" and (schedule == "static" or not peel or level == 1):
                                 continue  # mask modes share the schedule/peeling/profiling code with bcast
-                            name = f"fwd/{mode}/{dtype}/d{head_dim}/{schedule}/{'peel' if peel else 'nopeel'}/{prof_name}"
-                            out.append(KernelVariant(
-                                name=name, kernel=_jfa_fwd, signature=fwd_signature(dtype, head_dim),
-                                constexprs=fwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal,
-                                                          has_window=has_window, peel=peel, schedule=schedule,
-                                                          profile=level),
-                                num_warps=NUM_WARPS, num_stages=1,
-                                tags={"pass": "fwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim),
-                                      "schedule": schedule, "peel": str(peel).lower(), "profile": prof_name}))
+                            for block_n in (BLOCK_N, SHORT_Q_BLOCK_N):
+                                if block_n != BLOCK_N and not peel:
+                                    continue
+                                name = (f"fwd/{mode}/{dtype}/d{head_dim}/{schedule}/{'peel' if peel else 'nopeel'}/"
+                                        f"{prof_name}" + ("" if block_n == BLOCK_N else f"/n{block_n}"))
+                                out.append(KernelVariant(
+                                    name=name, kernel=_jfa_fwd, signature=fwd_signature(dtype, head_dim, block_n),
+                                    constexprs=fwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q,
+                                                              causal=causal, has_window=has_window, peel=peel,
+                                                              schedule=schedule, profile=level,
+                                                              kv_stages=KV_STAGES[block_n], block_n=block_n),
+                                    num_warps=NUM_WARPS, num_stages=1,
+                                    tags={"pass": "fwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim),
+                                          "schedule": schedule, "peel": str(peel).lower(), "profile": prof_name,
+                                          "block_n": str(block_n)}))
     return out

@@ -113,6 +113,30 @@ def test_jagged_causal(cuda_device, schedule, window):
     _check(q, k, v, q_off, kv_off, o, lse, causal=True, window=window)
 
 
+@pytest.mark.parametrize("schedule", ["static", "lpt", "dynamic"])
+def test_single_query_block_takes_64_key_blocks_with_every_mask(cuda_device, schedule):
+    """At most 128 queries per sequence: one query block per (batch, head), so the launch takes the
+    64-key KV blocks; masks, GQA, D=64 and fp16 must hold there as with 128-key blocks."""
+    from jfa_prof.kernels import fwd
+
+    q_lengths = [0, 1, 100, 128, 64, 127, 10, 128, 3, 0]  # longest 128: still one query block
+    cases = [
+        (dict(q_lengths=q_lengths), dict(causal=True, window=None)),
+        (dict(q_lengths=q_lengths), dict(causal=True, window=40)),
+        (dict(q_lengths=q_lengths), dict(causal=False, window=0)),
+        (dict(Lq=100), dict(causal=False, window=70)),
+        (dict(Lq=128, D=64, dtype="fp16", H=8, H_kv=2), dict(causal=False, window=None)),
+    ]
+    for shape, mask in cases:
+        kw = {"H": 2, "H_kv": 1, "D": 128, **shape}
+        q, k, v, q_off, kv_off = _case(cuda_device, LENGTHS, **kw)
+        o, lse, _, launch = _run(q, k, v, q_off, kv_off, schedule=schedule, **mask)
+        assert launch.block_n == fwd.SHORT_Q_BLOCK_N
+        _check(q, k, v, q_off, kv_off, o, lse, tol=FP16_TOL if kw.get("dtype") == "fp16" else BF16_TOL, **mask)
+    q, k, v, q_off, kv_off = _case(cuda_device, LENGTHS, H=2, H_kv=1, D=128, Lq=129)  # two query blocks
+    assert _run(q, k, v, q_off, kv_off, schedule=schedule)[3].block_n == fwd.BLOCK_N
+
+
 def test_batch_of_one_and_large_batch(cuda_device):
     import torch
 
