@@ -22,7 +22,7 @@ from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
 from jfa_prof.errors import BadInputError, JfaProfError, read_json_file
 
 __all__ = ["BWD_DQ", "KERNEL_MODULES", "PASSES", "RECORD_KIND", "Ablation", "WaterfallRecord", "ablation_plan",
-           "available_ablations", "bwd_dq", "check_pass", "check_schedule", "default_dq_name", "default_schedule",
+           "available_ablations", "bwd_dq", "check_pass", "check_schedule", "DEFAULT_DQ_NAME", "default_schedule",
            "load_waterfall", "make_launcher", "measure_waterfall", "n_steps", "pass_options", "workload_dict"]
 
 PASSES = ("fwd", "bwd")
@@ -106,7 +106,7 @@ def _bwd_launcher(x, schedule: str, dq: str | None = None) -> Callable[[int], Ca
     from jfa_prof.kernels.attention import bwd_launch, fwd_launch
 
     w = x.workload
-    dq_mode, stages = bwd_dq(dq or default_dq_name(w.broadcast_q))
+    dq_mode, stages = bwd_dq(dq or DEFAULT_DQ_NAME)
     q_off = None if w.broadcast_q else x.q_offsets
     scale = 1.0 / math.sqrt(w.D)
     # The forward runs once: its O and log-sum-exp, and a fixed upstream gradient, feed every timing.
@@ -125,9 +125,7 @@ def _bwd_launcher(x, schedule: str, dq: str | None = None) -> Callable[[int], Ca
 BWD_DQ = {"tma": ("tma", 2), "tma1": ("tma", 1), "atomic": ("atomic", 1)}
 
 
-def default_dq_name(broadcast_q: bool) -> str:
-    """The ``--dq`` name of the reduction the op uses (see ``jfa_prof.kernels.bwd.default_dq``)."""
-    return "tma" if broadcast_q else "atomic"
+DEFAULT_DQ_NAME = "tma"  # the ``--dq`` name of the reduction the op uses (``jfa_prof.kernels.bwd.DEFAULT_DQ``)
 
 
 def bwd_dq(name: str) -> tuple[str, int]:

@@ -83,13 +83,13 @@ def record_bwd_workload(workload: Workload, schedule: str = "static", *, dq: str
     blocks it walked. `dq` names the reduction (`jfa_prof.ablations.BWD_DQ`, default the op's)."""
     import torch
 
-    from jfa_prof.ablations import bwd_dq, default_dq_name, pass_options
+    from jfa_prof.ablations import DEFAULT_DQ_NAME, bwd_dq, pass_options
     from jfa_prof.bench import upstream_grad
     from jfa_prof.kernels import bwd
     from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
 
     pass_options("bwd", schedule, dq)
-    dq_mode, stages = bwd_dq(dq or default_dq_name(workload.broadcast_q))
+    dq_mode, stages = bwd_dq(dq or DEFAULT_DQ_NAME)
     device = require_gpu()
     x = workload.make(device)
     w = workload

@@ -205,8 +205,8 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
                         schedule=None, profile=0, record_capacity=None, n_ctas=None, ablate=0, block_m=None):
     """`bwd_launch` that also returns the record buffer (None unless `profile`) and a `BwdLaunch`.
 
-    `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; broadcast-Q only), "atomic" or
-    "deterministic" (default `bwd.default_dq`: tma for broadcast-Q, atomic for jagged Q);
+    `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; the default), "atomic" or
+    "deterministic";
     `schedule`: "static" (round-robin) or "dynamic" (atomic queue); `profile`: instrumentation
     level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the waterfall, which makes the
     gradients wrong on purpose; `block_m`: query rows per inner step (default `bwd.BLOCK_M`; 32 or
@@ -215,17 +215,11 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
 
     from jfa_prof.kernels import bwd
 
-    dq_mode = dq or bwd.default_dq(broadcast_q)
+    dq_mode = dq or bwd.DEFAULT_DQ
     dq_stages = dq_stages or bwd.DEFAULT_DQ_STAGES
     schedule = schedule or bwd.DEFAULT_SCHEDULE
     if dq_mode not in ("tma", "atomic", "deterministic"):
         raise BadInputError(f"unknown dq reduction {dq_mode!r}", hint="tma, atomic or deterministic")
-    if dq_mode == "tma" and not broadcast_q:
-        # A TMA reduce-add box must start 16-byte aligned along dQ's contiguous (row) dimension;
-        # jagged sequences start on any row, and an unaligned box faults (illegal instruction).
-        raise BadInputError("dq='tma' needs broadcast-Q: jagged sequences start on unaligned dQ rows",
-                            hint="use dq='atomic' (uncontended for jagged Q: each sequence owns its rows) or "
-                                 "'deterministic'")
     if schedule not in bwd.SCHEDULES:
         raise BadInputError(f"unknown backward schedule {schedule!r}",
                             hint="static (round-robin) or dynamic (atomic queue)")
@@ -252,15 +246,15 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     if not (dk.is_contiguous() and dv.is_contiguous() and dk.shape == k.shape and dv.shape == v.shape):
         raise ValueError("dk_out and dv_out must be contiguous and shaped like k and v")
 
-    # dQ accumulates transposed, [H * D, rows]; rows padded to 16 bytes, as TMA needs of a stride.
-    rows_pad = max(4, -(-rows_q // 4) * 4)
+    # dQ accumulates in fp32, [rows, H * D] (at least one row, so that the descriptor has a shape).
+    rows_acc = max(rows_q, 1)
     if dq_mode == "deterministic":
         dq_acc = None
-        dq_desc = TensorDescriptor(torch.empty((D, block_m), dtype=torch.float32, device=dev), shape=[D, block_m],
-                                   strides=[block_m, 1], block_shape=[D, block_m])  # never read
+        dq_desc = TensorDescriptor(torch.empty((block_m, D), dtype=torch.float32, device=dev), shape=[block_m, D],
+                                   strides=[D, 1], block_shape=[block_m, D])  # never read
     else:
-        dq_acc = torch.zeros((H * D, rows_pad), dtype=torch.float32, device=dev)
-        dq_desc = TensorDescriptor(dq_acc, shape=[H * D, rows_q], strides=[rows_pad, 1], block_shape=[D, block_m])
+        dq_acc = torch.zeros((rows_acc, H * D), dtype=torch.float32, device=dev)
+        dq_desc = TensorDescriptor(dq_acc, shape=[rows_acc, H * D], strides=[H * D, 1], block_shape=[block_m, D])
 
     max_tiles = B * H_kv * ((max_seq_len_kv + bwd.BLOCK_N - 1) // bwd.BLOCK_N)
     grid = max(1, min(n_ctas or _sm_count(dev), max_tiles))
@@ -284,7 +278,7 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
                                _descriptor(v, bwd.BLOCK_N, D), _descriptor(do, block_m, D), lse, delta,
                                dq_acc if dq_acc is not None else delta, dq_desc, dk, dv, q_off, kv_offsets,
                                tile_cum, queue, rec, sm_scale, H, H // H_kv, B,
-                               rows_q if broadcast_q else 0, win, total_rows, dk.shape[1], rows_pad,
+                               rows_q if broadcast_q else 0, win, total_rows, dk.shape[1],
                                layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
                                layout.spans_offset if layout else 0, layout.waits_offset if layout else 0,
                                **constexprs, num_warps=bwd.NUM_WARPS, num_stages=bwd.NUM_STAGES)
@@ -294,9 +288,8 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
         dv.zero_()
     if dq_mode == "deterministic":
         dq_acc = _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q,
-                                   win, total_rows, rows_pad, max_seq_len_q, window, causal, broadcast_q)
-    dq_out = torch.empty_like(q)
-    dq_out.copy_(dq_acc[:, :rows_q].view(H, D, rows_q).permute(2, 0, 1))
+                                   win, total_rows, max_seq_len_q, window, causal, broadcast_q)
+    dq_out = dq_acc[:rows_q].view(rows_q, H, D).to(q.dtype)
     return dq_out, dk, dv, (rec if profile else None), BwdLaunch(grid, layout, dq_mode, schedule)
 
 
@@ -316,7 +309,7 @@ def _bwd_delta(o, do, kv_offsets):
 
 
 def _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q, win,
-                      total_rows, rows_pad, max_seq_len_q, window, causal, broadcast_q):
+                      total_rows, max_seq_len_q, window, causal, broadcast_q):
     """dQ without atomics: per (query block, head, part) in a fixed order, then a fixed-order sum
     of the broadcast-Q parts. Parts split the batch so that about two programs run per SM."""
     from jfa_prof.kernels import bwd
@@ -331,10 +324,10 @@ def _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H
         if max_seq_len_q < 0:
             max_seq_len_q = int((q_off[1:] - q_off[:-1]).max()) if B > 0 else 0
         n_m, chunk, n_parts = -(-max_seq_len_q // bwd.DQ_BLOCK_M), 1, B
-    parts = torch.zeros((n_parts if broadcast_q else 1, H * D, rows_pad), dtype=torch.float32, device=q.device)
+    parts = torch.zeros((n_parts if broadcast_q else 1, rows_q, H * D), dtype=torch.float32, device=q.device)
     if n_m > 0 and n_parts > 0 and B > 0:
         bwd._jfa_bwd_dq[(n_m, H, n_parts)](q, k, v, do, lse, delta, parts, q_off, kv_offsets, sm_scale, H, H // H_kv, B,
-                                           rows_q if broadcast_q else 0, win, total_rows, rows_pad, chunk,
+                                           rows_q if broadcast_q else 0, win, total_rows, rows_q, chunk,
                                            **bwd.dq_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                                                has_window=window is not None),
                                            num_warps=bwd.DQ_WARPS, num_stages=bwd.NUM_STAGES)

@@ -18,12 +18,12 @@ the two helper kernels are plain Triton. Kernels:
   dK += dS^T Q run, then dQ^T = K^T dS^T; the next step's Q and dO are copied in meanwhile (two
   slots).
 - dQ is a sum over KV blocks (and, for broadcast-Q, over the batch too, since every sequence
-  reads the same Q rows), accumulated in fp32 `[H * D, rows]` (transposed: a tile's dQ^T lands
-  on contiguous rows) and converted by the launcher. `DQ_MODE` picks how:
-  atomic: per-element fp32 atomic adds from registers (jagged Q's default);
-  tma (broadcast-Q's default): the block is staged in shared memory and added by a TMA
-  reduce-add (`cp.reduce.async.bulk`), `DQ_STAGES` buffers deep so the reduction of one block can
-  overlap the next block's math;
+  reads the same Q rows), accumulated in fp32 `[rows, H * D]` and converted by the launcher.
+  `DQ_MODE` picks how:
+  tma (the default): the block is staged in shared memory and added by a TMA reduce-add
+  (`cp.reduce.async.bulk`), `DQ_STAGES` buffers deep so the reduction of one block can overlap
+  the next block's math;
+  atomic: per-element fp32 atomic adds from registers;
   none: `_jfa_bwd` computes no dQ and `_jfa_bwd_dq` computes it deterministically (fixed order,
   no atomics; it recomputes P and dP, three more matmuls per block).
 
@@ -82,11 +82,9 @@ DQ_NONE = tl.constexpr(DQ_MODES["none"])
 DEFAULT_DQ_STAGES = 2
 
 
-def default_dq(broadcast_q: bool) -> str:
-    """How the op reduces dQ: broadcast-Q's batch sum, contended by every tile, through the TMA
-    reduce-add; jagged Q, where each sequence adds only into its own rows, through atomics (the TMA
-    box must start 16-byte aligned in dQ's row dimension, and sequences start on any row)."""
-    return "tma" if broadcast_q else "atomic"
+# How the op reduces dQ, broadcast-Q (every tile adds into the same rows) and jagged Q alike: the TMA
+# reduce-add. Per-element atomics took 1.2-1.5x longer on HSP points (bwd_variants_*).
+DEFAULT_DQ = "tma"
 SCHEDULES = ("static", "dynamic")  # round-robin, or an atomic queue
 DEFAULT_SCHEDULE = "static"
 
@@ -198,14 +196,14 @@ def _find_tile(t, tile_cum, B, H_kv):
 
 
 @triton.jit
-def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_stored,
+def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, H, h, q_row0, m0, m_ok, n_stored,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, DQ_MODE: tl.constexpr, DQ_STAGES: tl.constexpr,
               NO_REDUCE: tl.constexpr):
-    """Add a query block's dQ^T [HEAD_DIM, BLOCK_M] (fp32) into the [H * HEAD_DIM, rows_pad]
-    accumulator. NO_REDUCE (an ablation) overwrites instead: the bytes move, the sums are wrong."""
+    """Add a query block's dQ^T [HEAD_DIM, BLOCK_M] (fp32) into the [rows, H * HEAD_DIM] accumulator.
+    NO_REDUCE (an ablation) overwrites instead: the bytes move, the sums are wrong."""
     if DQ_MODE == DQ_ATOMIC:
-        offs = (h * HEAD_DIM + tl.arange(0, HEAD_DIM))[:, None].to(tl.int64) * rows_pad \
-            + (q_row0 + m0 + tl.arange(0, BLOCK_M))[None, :]
+        offs = (q_row0 + m0 + tl.arange(0, BLOCK_M))[None, :].to(tl.int64) * (H * HEAD_DIM) \
+            + (h * HEAD_DIM + tl.arange(0, HEAD_DIM))[:, None]
         if NO_REDUCE:
             tl.store(dq_ptr + offs, dq_t, mask=m_ok[None, :])
         else:
@@ -220,16 +218,18 @@ def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_
         # Written out here they stopped Triton's software pipeliner from prefetching the next Q / dO
         # block: the loads then waited in every step (4-9% of the kernel on three HSP points,
         # benchmarks/results/bwd_variants_*pipelined*).
-        # Rows past the sequence end add exactly zero (their dS is zero), so the box needs no mask;
-        # past the tensor's end TMA clips it.
+        # The buffer is [BLOCK_M, HEAD_DIM], like the accumulator's rows, so a box may start on any
+        # row (a jagged sequence's first): dQ^T goes in through a transposed view. Rows past the
+        # sequence end add exactly zero (their dS is zero), so the box needs no mask even where
+        # those rows are the next sequence's; past the tensor's end TMA clips it.
         buf = tlx.local_view(dq_stage, n_stored % DQ_STAGES)
         tlx.async_descriptor_store_wait(DQ_STAGES - 1)
-        tlx.local_store(buf, dq_t)
+        tlx.local_store(tlx.local_trans(buf), dq_t)
         tlx.fence_async_shared()
         if NO_REDUCE:
-            tlx.async_descriptor_store(dq_desc, buf, [h * HEAD_DIM, q_row0 + m0])
+            tlx.async_descriptor_store(dq_desc, buf, [q_row0 + m0, h * HEAD_DIM])
         else:
-            tlx.async_descriptor_store(dq_desc, buf, [h * HEAD_DIM, q_row0 + m0], store_reduce="add")
+            tlx.async_descriptor_store(dq_desc, buf, [q_row0 + m0, h * HEAD_DIM], store_reduce="add")
     return n_stored + 1
 
 
@@ -259,10 +259,10 @@ def _load_step(q_desc, do_desc, q_bufs, do_bufs, bars, slot, i, n_m, m_lo, kvh, 
 # Lengths, head counts and the window change from batch to batch: specializing on their values
 # (== 1, divisible by 16) would recompile per batch and make the launched binary differ from the
 # one `jfa-prof spills` compiles from the registry.
-@triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "rows_pad",
+@triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads",
                                "tiles_off", "tile_cap", "spans_off", "waits_off"], c_cache=C_CACHE)
 def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_desc, dk_ptr, dv_ptr, q_offsets, kv_offsets,
-             tile_cum, queue, rec_ptr, sm_scale, H, GROUP, B, Lq_bcast, window, total_rows, dkv_heads, rows_pad,
+             tile_cum, queue, rec_ptr, sm_scale, H, GROUP, B, Lq_bcast, window, total_rows, dkv_heads,
              tiles_off, tile_cap, spans_off, waits_off,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
@@ -288,7 +288,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     if not NO_DQ:
         ds_bufs = tlx.local_alloc((BLOCK_N, BLOCK_M), dtype, 2)
     if DQ_MODE == DQ_TMA:
-        dq_stage = tlx.local_alloc((HEAD_DIM, BLOCK_M), tl.float32, DQ_STAGES)
+        dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, DQ_STAGES)
     else:
         dq_stage = 0
     n_stored = 0
@@ -413,7 +413,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 dq_t = tlx.async_dot_wait(0, dq_t) * sm_scale
                 if PROFILE >= 2 and DQ_MODE == DQ_TMA:
                     w0 = tlx.clock64()
-                n_stored = _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, h, q_row0, m0, m_ok, rows_pad, n_stored,
+                n_stored = _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, H, h, q_row0, m0, m_ok, n_stored,
                                      HEAD_DIM, BLOCK_M, DQ_MODE, DQ_STAGES, NO_REDUCE)
                 if PROFILE >= 2 and DQ_MODE == DQ_TMA:
                     dq_wait += tlx.clock64() - w0
@@ -449,15 +449,15 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             prof.write_wait(rec_ptr, waits_off, pid, 0, 1, 0, 1, dq_wait, dq_waits)
 
 
-@triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_pad", "batch_chunk"],
+@triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_q", "batch_chunk"],
             c_cache=C_CACHE)
 def _jfa_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_offsets, kv_offsets, sm_scale, H, GROUP,
-                B, Lq_bcast, window, total_rows, rows_pad, batch_chunk,
+                B, Lq_bcast, window, total_rows, rows_q, batch_chunk,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Deterministic dQ: one program per (query block, head, part) sums dS K over its KV blocks in
     a fixed order and stores, no atomics. For broadcast-Q a part is a fixed run of `batch_chunk`
-    sequences writing its own slice of `dq_ptr` ([parts, H * HEAD_DIM, rows_pad]), which the
+    sequences writing its own slice of `dq_ptr` ([parts, rows_q, H * HEAD_DIM]), which the
     launcher sums in a fixed order; for jagged Q a part is one sequence (its rows are its own)."""
     dtype: tl.constexpr = q_ptr.dtype.element_ty
     m_blk = tl.program_id(0)
@@ -474,7 +474,7 @@ def _jfa_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_offse
         b_hi = tl.minimum(b_lo + batch_chunk, B)
         q_row0 = 0
         Lq = Lq_bcast
-        slice_base = part.to(tl.int64) * H * HEAD_DIM * rows_pad
+        slice_base = part.to(tl.int64) * rows_q * H * HEAD_DIM
     else:
         b_lo = part
         b_hi = part + 1
@@ -519,7 +519,7 @@ def _jfa_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_offse
                 dp = tl.dot(do, tl.trans(v))
                 ds = (p * (dp - delta[:, None])).to(dtype)
                 dq += tl.dot(ds, k)
-        offs = (h * HEAD_DIM + tl.arange(0, HEAD_DIM))[None, :].to(tl.int64) * rows_pad + (q_row0 + m_ids)[:, None]
+        offs = (q_row0 + m_ids)[:, None].to(tl.int64) * (H * HEAD_DIM) + (h * HEAD_DIM + tl.arange(0, HEAD_DIM))[None, :]
         tl.store(dq_ptr + slice_base + offs, dq * sm_scale, mask=m_ok[:, None])
 
 
@@ -531,10 +531,10 @@ def bwd_signature(dtype: str, head_dim: int) -> dict[str, str]:
     kv_block = f"tensordesc<{dtype}[{BLOCK_N},{head_dim}]>"
     sig = {"q_desc": q_block, "k_desc": kv_block, "v_desc": kv_block, "do_desc": q_block,
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*fp32",
-           "dq_desc": f"tensordesc<fp32[{head_dim},{BLOCK_M}]>",
+           "dq_desc": f"tensordesc<fp32[{BLOCK_M},{head_dim}]>",
            "dk_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}", "q_offsets": "*i32", "kv_offsets": "*i32",
            "tile_cum": "*i32", "queue": "*i32", "rec_ptr": "*i64", "sm_scale": "fp32"}
-    for name in ("H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "rows_pad", "tiles_off",
+    for name in ("H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "tiles_off",
                  "tile_cap", "spans_off", "waits_off"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "DQ_MODE", "DQ_STAGES",
@@ -556,7 +556,7 @@ def dq_signature(dtype: str) -> dict[str, str]:
     sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "do_ptr": f"*{dtype}",
            "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*fp32", "q_offsets": "*i32", "kv_offsets": "*i32",
            "sm_scale": "fp32"}
-    for name in ("H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_pad", "batch_chunk"):
+    for name in ("H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_q", "batch_chunk"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW"):
         sig[name] = "constexpr"
@@ -605,16 +605,15 @@ def _main_variant(mode, dtype, head_dim, dq_name, schedule="static", profile=0) 
 
 @provider
 def bwd_variants() -> list[KernelVariant]:
-    """Per mask mode, dtype and head dim: the main kernel with the op's dQ reduction (TMA with 2
-    stages for broadcast-Q, atomics for jagged Q) and the deterministic pair (main kernel without
-    dQ, dQ kernel); the delta kernel per dtype and head dim (no mask, so one serves every mode).
+    """Per mask mode, dtype and head dim: the main kernel with the op's dQ reduction (TMA, 2
+    stages) and the deterministic pair (main kernel without dQ, dQ kernel); the delta kernel per dtype and head dim (no mask, so one serves every mode).
     For broadcast-Q bf16 D=128, the HSP case: every other dQ reduction, the dynamic queue, and
     both PROFILE levels."""
     out = []
     for dtype in ("bf16", "fp16"):
         for head_dim in (64, 128):
             for mode, (broadcast_q, causal, has_window) in MODES.items():
-                out.append(_main_variant(mode, dtype, head_dim, "tma2" if broadcast_q else "atomic"))
+                out.append(_main_variant(mode, dtype, head_dim, "tma2"))
                 out.append(_main_variant(mode, dtype, head_dim, "det"))
                 out.append(KernelVariant(
                     name=f"bwd/{mode}/{dtype}/d{head_dim}/dq-det", kernel=_jfa_bwd_dq, signature=dq_signature(dtype),

@@ -139,11 +139,10 @@ def interpreted_dq(q, k, v, q_off, kv_off, *, window=None, causal=False):
     o, lse, ref = reference(q, k, v, q_off, kv_off, do, window=window, causal=causal)
     delta, _ = _bwd_delta(o.to(q.dtype), do, kv_off)
     H, D, rows_q = q.shape[1], q.shape[2], q.shape[0]
-    rows_pad = max(4, -(-rows_q // 4) * 4)
     q_arg = kv_off if broadcast else q_off
     acc = _deterministic_dq(q, k, v, do, lse, delta, q_arg, kv_off, 1 / math.sqrt(D), H, k.shape[1], B, rows_q,
-                            window if window is not None else 0, rows, rows_pad, -1, window, causal, broadcast)
-    dq = acc[:, :rows_q].view(H, D, rows_q).permute(2, 0, 1).to(q.dtype)
+                            window if window is not None else 0, rows, -1, window, causal, broadcast)
+    dq = acc.view(rows_q, H, D).to(q.dtype)
     return dq, ref[0]
 
 

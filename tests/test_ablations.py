@@ -62,7 +62,8 @@ def test_the_backward_publishes_its_switches_and_options():
     assert len(set(bits)) == 3 and all(b and not b & (b - 1) for b in bits)
     assert ablations.default_schedule("fwd") == "lpt" and ablations.default_schedule("bwd") == "static"
     assert ablations.bwd_dq("tma") == ("tma", 2) and ablations.bwd_dq("tma1") == ("tma", 1)
-    assert ablations.default_dq_name(True) == "tma" and ablations.default_dq_name(False) == "atomic"
+    from jfa_prof.kernels import bwd  # the CLI's default reduction is the op's
+    assert ablations.bwd_dq(ablations.DEFAULT_DQ_NAME) == (bwd.DEFAULT_DQ, bwd.DEFAULT_DQ_STAGES)
     with pytest.raises(BadInputError, match="unknown dQ reduction 'fast'"):
         ablations.bwd_dq("fast")
     with pytest.raises(BadInputError, match="unknown bwd schedule 'lpt'"):

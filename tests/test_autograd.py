@@ -130,9 +130,9 @@ def test_backward_variants_are_registered():
         for d in (64, 128):
             assert f"bwd/delta/{dtype}/d{d}" in names
             for mode in ("bcast", "bcast-window", "jagged", "jagged-causal", "jagged-window", "jagged-causal-window"):
-                # The op's reduction (TMA reduce-add for broadcast-Q, atomics for jagged), and the
-                # deterministic pair (no dQ, then the dQ kernel).
-                for dq in ("tma2" if mode.startswith("bcast") else "atomic", "det", "dq-det"):
+                # The op's reduction (the TMA reduce-add), and the deterministic pair (no dQ, then
+                # the dQ kernel).
+                for dq in ("tma2", "det", "dq-det"):
                     assert f"bwd/{mode}/{dtype}/d{d}/{dq}" in names
 
 

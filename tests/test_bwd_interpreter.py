@@ -62,7 +62,6 @@ def test_backward_matches_reference_in_interpreter(results, i):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"dq": "tma"}, "dq='tma' needs broadcast-Q"),
     ({"dq": "fast"}, "unknown dq reduction 'fast'"),
     ({"schedule": "lpt"}, "unknown backward schedule 'lpt'"),
     ({"dq_stages": 4}, "dq_stages must be 1, 2 or 3"),

@@ -222,7 +222,7 @@ def _tma_loads_waited_one_by_one(ptx: str) -> list[bool]:
     return out
 
 
-@pytest.mark.parametrize("name", ["bwd/bcast/bf16/d128/tma2", "bwd/jagged/bf16/d128/atomic"])
+@pytest.mark.parametrize("name", ["bwd/bcast/bf16/d128/tma2", "bwd/jagged/bf16/d128/tma2"])
 def test_backward_prefetches_the_next_query_block(name):
     """Q and dO of the next step are copied back to back, before the current step's matmuls:
     Triton's software pipeliner ran. (Barriers written into the loop once stopped it, and every

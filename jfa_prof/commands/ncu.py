@@ -117,7 +117,7 @@ def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_sch
     ncu_live.require_gpu_driver()
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     if pass_ == "bwd" and dq is None:
-        dq = ablations.default_dq_name(workload.broadcast_q)
+        dq = ablations.DEFAULT_DQ_NAME
 
     # The resolved workload, so the B run and the file names match what A ran.
     run_a = ncu_live.LiveRun(schedule=schedule, peel=peel, grid=workload.grid, lq=workload.Lq,

@@ -100,7 +100,7 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, dq, abla
     schedule = ablations.pass_options(pass_, schedule, dq)
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     if pass_ == "bwd" and dq is None:
-        dq = ablations.default_dq_name(workload.broadcast_q)
+        dq = ablations.DEFAULT_DQ_NAME
     device = timing.require_gpu("jfa-prof waterfall", hint="pass --results FILE to render a recorded waterfall")
     names = [n.strip() for n in ablate.split(",") if n.strip()] if ablate else None
     plan = ablations.ablation_plan(pass_, names)
