@@ -301,11 +301,11 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         dq_wait = tl.zeros([], tl.int64)
         dq_waits = tl.zeros([], tl.int64)
     # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.
-    # Dealt round-robin, or (DYNAMIC) taken from a queue as programs free up.
-    # Each tile is decoded while the one before it runs: the search's loads then wait behind that
-    # tile's copies, not in front of them. (Also fetching the next tile's K and V into L2 with a TMA
-    # prefetch, and storing whole dK / dV blocks by TMA, measured 1-3% slower on three HSP points:
-    # benchmarks/results/bwd_variants_boundary_*.)
+    # Dealt round-robin, or (DYNAMIC) taken from a queue as programs free up (each program takes its
+    # next tile when it starts one). Each tile is decoded while the one before it runs: the search's
+    # loads then wait behind that tile's copies, not in front of them. (Also fetching the next tile's
+    # K and V into L2 with a TMA prefetch, and storing whole dK / dV blocks by TMA, measured 1-3%
+    # slower on three HSP points: benchmarks/results/bwd_variants_boundary_*.)
     if DYNAMIC:
         t = tl.atomic_add(queue, 1, sem="relaxed")
     else:
