@@ -42,6 +42,10 @@ def test_bench_recorded_json(tmp_path):
     assert r["impls"]["fa4"]["tflops"] == pytest.approx(278.609, abs=1e-3)
     assert r["best_peer"] == "fa4" and r["meta"]["gpu"] == "NVIDIA H200"
     assert "recorded on NVIDIA H200 on 2026-11-30" in html.read_text()
+    # One roofline per record, in the records' order.
+    roof = d["rooflines"][d["results"].index(r)]
+    assert len(d["rooflines"]) == 18 and roof["bound"] == "memory" and roof["floor_ms"] == pytest.approx(0.147, abs=1e-3)
+    assert roof["floor_ms"] == max(roof["compute_ms"], roof["memory_ms"])
 
 
 def test_bench_recorded_tables():

@@ -71,6 +71,22 @@ def test_work_list_is_a_permutation_with_valid_tiles_first(schedule):
         assert (wl.costs[:n_work].diff() <= 0).all()  # longest first
 
 
+@pytest.mark.parametrize("Lq,block_n", [(1, 64), (128, 64), (129, 128), (256, 128)])
+def test_default_kv_block_follows_the_query_blocks(Lq, block_n):
+    """Without a block size the list counts the forward kernel's own: 64-key blocks where a
+    (batch, head) has one query block, 128 beyond; the costs are the KV blocks of that size."""
+    from jfa_prof.kernels import fwd
+
+    kv_lens = torch.tensor([0, 1, 64, 65, 128, 129, 1000])
+    wl = fwd_work_list(offsets_from_lengths(kv_lens), None, Lq, 2, Lq, block_m=fwd.BLOCK_M, window=None,
+                       causal=False, schedule="static", n_ctas=4)
+    assert fwd.kv_block_n(wl.n_m_blocks) == block_n
+    blocks = [-(-int(n) // block_n) for n in kv_lens]  # an empty sequence's tiles still run: they write zeros
+    n_m = -(-Lq // fwd.BLOCK_M)
+    expected = sorted(b for b in blocks for _ in range(2 * n_m))  # every head and query block of a sequence
+    assert sorted(wl.costs[:int(wl.n_work)].tolist()) == expected
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", ["static", "lpt", "dynamic"])
 @pytest.mark.parametrize("broadcast,window,causal", [(True, None, False), (True, 100, False), (False, None, True)])
