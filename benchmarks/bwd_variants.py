@@ -43,12 +43,11 @@ for lq, kv, s in POINTS:
             for name, opts in VARIANTS.items()}
     row = {"workload": w.label, "flops": x.flops("bwd"), "variants": {}}
     for name, run in runs.items():
-        row["variants"][name] = {"options": VARIANTS[name], "rel_err_vs_ref": bench.rel_err(run(), ref), "rounds": []}
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            row["variants"][name]["rounds"].append(timing.bench(run))
-    for name, entry in row["variants"].items():
-        entry["ms"] = statistics.median(entry["rounds"])
+        row["variants"][name] = {"options": VARIANTS[name], "rel_err_vs_ref": bench.rel_err(run(), ref)}
+    for name, rounds in timing.alternated(runs, args.rounds).items():
+        entry = row["variants"][name]
+        entry["rounds"] = rounds
+        entry["ms"] = statistics.median(rounds)
         entry["tflops"] = row["flops"] / entry["ms"] / 1e9
         print(f"{w.label:28s} {name:24s} {entry['ms']:8.3f} ms {entry['tflops']:6.1f} TFLOPS "
               f"(rounds {', '.join(f'{r:.3f}' for r in entry['rounds'])}) err {entry['rel_err_vs_ref']:.1e}",

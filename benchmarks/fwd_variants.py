@@ -48,17 +48,15 @@ for lq, kv, s in POINTS:
                               q_bufs=q_bufs, block_n=block_n)[0]
         name = f"kv{stages}x{block_n}/q{q_bufs}"
         try:
-            row["variants"][name] = {"rel_err_vs_ref": bench.rel_err(run(), ref), "rounds": []}
+            row["variants"][name] = {"rel_err_vs_ref": bench.rel_err(run(), ref)}
             runs[name] = run
         except Exception as err:  # noqa: BLE001 - a variant over the shared-memory limit is reported
             row["variants"][name] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
             print(f"{w.label:28s} {name:12s} failed: {row['variants'][name]['error']}", flush=True)
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            row["variants"][name]["rounds"].append(timing.bench(run))
-    for name in runs:
+    for name, rounds in timing.alternated(runs, args.rounds).items():
         entry = row["variants"][name]
-        entry["ms"] = statistics.median(entry["rounds"])
+        entry["rounds"] = rounds
+        entry["ms"] = statistics.median(rounds)
         entry["tflops"] = row["flops"] / entry["ms"] / 1e9
         print(f"{w.label:28s} {name:12s} {entry['ms']:8.3f} ms {entry['tflops']:6.1f} TFLOPS "
               f"(rounds {', '.join(f'{r:.3f}' for r in entry['rounds'])}) err {entry['rel_err_vs_ref']:.1e}",

@@ -70,6 +70,20 @@ def time_twice(fn: Callable[[], Any], *, warmup_ms: float = DEFAULT_WARMUP_MS,
     return Timing(first, second)
 
 
+def alternated(calls: Mapping[str, Callable[[], Any]], rounds: int, *,
+               timer: Callable[[Callable[[], Any]], float] | None = None) -> dict[str, list[float]]:
+    """:func:`bench` of every named call, in ``rounds`` rounds that each time every call once, in
+    order: a GPU clock drifting over the run then spreads over all of them instead of favouring
+    the ones timed first. Per name, the round times; their median is the figure to compare.
+    ``timer`` replaces :func:`bench` (tests)."""
+    timer = timer or bench
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(timer(fn))
+    return times
+
+
 def host_breakdown(calls: Mapping[str, Callable[[], Any]], *, n: int = 20) -> dict[str, dict[str, float]]:
     """Per named call, milliseconds of host time per call: ``enqueue_ms`` until the host is done
     issuing ``n`` calls, ``synced_ms`` until the GPU has finished them too.

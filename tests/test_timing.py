@@ -30,6 +30,18 @@ def test_time_twice_reports_the_noise():
     assert t.to_dict() == {"ms": 1.0, "ms_repeat": 0.96875, "noise_ms": 0.03125}
 
 
+def test_alternated_times_every_call_once_per_round_in_order():
+    seen = []
+
+    def timer(fn):
+        seen.append(fn())
+        return float(len(seen))
+
+    times = timing.alternated({"a": lambda: "a", "b": lambda: "b"}, 3, timer=timer)
+    assert seen == ["a", "b"] * 3
+    assert times == {"a": [1.0, 3.0, 5.0], "b": [2.0, 4.0, 6.0]}
+
+
 def test_host_breakdown(monkeypatch):
     syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
