@@ -9,7 +9,6 @@ spread across rounds is the noise.
 import argparse
 import json
 import math
-import statistics
 
 from jfa_prof import bench, timing
 from jfa_prof.inputs import select_workload
@@ -46,12 +45,8 @@ for lq, kv, s in POINTS:
         row["variants"][name] = {"options": VARIANTS[name], "rel_err_vs_ref": bench.rel_err(run(), ref)}
     for name, rounds in timing.alternated(runs, args.rounds).items():
         entry = row["variants"][name]
-        entry["rounds"] = rounds
-        entry["ms"] = statistics.median(rounds)
-        entry["tflops"] = row["flops"] / entry["ms"] / 1e9
-        print(f"{w.label:28s} {name:24s} {entry['ms']:8.3f} ms {entry['tflops']:6.1f} TFLOPS "
-              f"(rounds {', '.join(f'{r:.3f}' for r in entry['rounds'])}) err {entry['rel_err_vs_ref']:.1e}",
-              flush=True)
+        entry.update(timing.rounds_summary(rounds, row["flops"]))
+        print(f"{w.label:28s} {name:24s} {timing.format_rounds(entry)} err {entry['rel_err_vs_ref']:.1e}", flush=True)
     rows.append(row)
 meta = timing.measurement_meta(command=f"python benchmarks/bwd_variants.py --out {args.out} --rounds {args.rounds}")
 with open(args.out, "w") as fh:

@@ -9,7 +9,6 @@ memory are reported, not timed.
 import argparse
 import json
 import math
-import statistics
 
 import torch
 
@@ -55,12 +54,8 @@ for lq, kv, s in POINTS:
             print(f"{w.label:28s} {name:12s} failed: {row['variants'][name]['error']}", flush=True)
     for name, rounds in timing.alternated(runs, args.rounds).items():
         entry = row["variants"][name]
-        entry["rounds"] = rounds
-        entry["ms"] = statistics.median(rounds)
-        entry["tflops"] = row["flops"] / entry["ms"] / 1e9
-        print(f"{w.label:28s} {name:12s} {entry['ms']:8.3f} ms {entry['tflops']:6.1f} TFLOPS "
-              f"(rounds {', '.join(f'{r:.3f}' for r in entry['rounds'])}) err {entry['rel_err_vs_ref']:.1e}",
-              flush=True)
+        entry.update(timing.rounds_summary(rounds, row["flops"]))
+        print(f"{w.label:28s} {name:12s} {timing.format_rounds(entry)} err {entry['rel_err_vs_ref']:.1e}", flush=True)
     rows.append(row)
 meta = timing.measurement_meta(command=f"python benchmarks/fwd_variants.py --out {args.out} --schedule {args.schedule} "
                                       f"--rounds {args.rounds}")

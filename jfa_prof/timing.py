@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -82,6 +83,19 @@ def alternated(calls: Mapping[str, Callable[[], Any]], rounds: int, *,
         for name, fn in calls.items():
             times[name].append(timer(fn))
     return times
+
+
+def rounds_summary(rounds: list[float], flops: float) -> dict[str, Any]:
+    """What a benchmark file keeps of one call's alternated rounds: the round times, their median
+    (the figure to compare) and the TFLOPS at that median."""
+    ms = statistics.median(rounds)
+    return {"rounds": rounds, "ms": ms, "tflops": flops / ms / 1e9}
+
+
+def format_rounds(summary: Mapping[str, Any]) -> str:
+    """A :func:`rounds_summary` on one console line."""
+    rounds = ", ".join(f"{r:.3f}" for r in summary["rounds"])
+    return f"{summary['ms']:8.3f} ms {summary['tflops']:6.1f} TFLOPS (rounds {rounds})"
 
 
 def host_breakdown(calls: Mapping[str, Callable[[], Any]], *, n: int = 20) -> dict[str, dict[str, float]]:

@@ -42,6 +42,12 @@ def test_alternated_times_every_call_once_per_round_in_order():
     assert times == {"a": [1.0, 3.0, 5.0], "b": [2.0, 4.0, 6.0]}
 
 
+def test_rounds_summary_takes_the_median():
+    s = timing.rounds_summary([2.0, 1.0, 4.0], flops=3e9)
+    assert s == {"rounds": [2.0, 1.0, 4.0], "ms": 2.0, "tflops": pytest.approx(1.5)}  # 3 GFLOP in 2 ms
+    assert timing.format_rounds(s) == "   2.000 ms    1.5 TFLOPS (rounds 2.000, 1.000, 4.000)"
+
+
 def test_host_breakdown(monkeypatch):
     syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(1))
