@@ -60,7 +60,7 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
                            launch_hook=lambda phase: events[phase].record()), "_jfa_fwd")
     constexprs = fwd.fwd_constexprs(head_dim=workload.D, broadcast_q=workload.broadcast_q, causal=workload.causal,
                                     has_window=workload.window is not None, peel=peel, schedule=schedule,
-                                    profile=level, block_n=launch.block_n, kv_stages=fwd.KV_STAGES[launch.block_n])
+                                    profile=level, block_n=launch.block_n)
     variant = (f"fwd/{'bcast' if workload.broadcast_q else 'jagged'}/{workload.dtype}/d{workload.D}/{schedule}/"
                f"{'peel' if peel else 'nopeel'}/{'prof' if level == 2 else 'prof-tiles'}"
                + ("" if launch.block_n == fwd.BLOCK_N else f"/n{launch.block_n}"))

@@ -88,8 +88,7 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     constexprs = fwd.fwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                     has_window=window is not None, peel=peel, schedule=schedule,
                                     profile=_profile_level(profile), ablate=ablate,
-                                    kv_stages=kv_stages or fwd.KV_STAGES[block_n], q_bufs=q_bufs or fwd.NUM_Q_BUFS,
-                                    block_n=block_n)
+                                    kv_stages=kv_stages, q_bufs=q_bufs or fwd.NUM_Q_BUFS, block_n=block_n)
     if launch_hook:
         launch_hook("before")
     fwd._jfa_fwd[(grid, )](*args, **constexprs, num_warps=fwd.NUM_WARPS, num_stages=1)

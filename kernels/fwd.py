@@ -36,13 +36,14 @@ NUM_Q_BUFS = 2  # Q buffers per consumer
 # benchmarks/results/fwd_variants_h200_*).
 SHORT_Q_BLOCK_N = 64
 KV_STAGES = {BLOCK_N: NUM_KV_STAGES, SHORT_Q_BLOCK_N: 4}  # K/V ring depth by keys per block
+CONSUMER_REGS = 232
+NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
 
 
 def kv_block_n(n_m_blocks: int) -> int:
     """Keys per KV block for launches whose (batch, head)s have `n_m_blocks` query blocks."""
     return SHORT_Q_BLOCK_N if n_m_blocks == 1 else BLOCK_N
-CONSUMER_REGS = 232
-NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
+
 
 # Named barriers for the consumers' turns on the tensor cores (ids 0..7 are left to the compiler).
 _TURN_0 = tl.constexpr(9)
@@ -550,12 +551,12 @@ def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str
 
 
 def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate=0,
-                   kv_stages=NUM_KV_STAGES, q_bufs=NUM_Q_BUFS, block_n=BLOCK_N) -> dict:
-    """`kv_stages`, `q_bufs`, `block_n` (K/V ring depth, Q buffers per consumer, keys per KV block)
-    exist for benchmarks of the choice."""
+                   kv_stages=None, q_bufs=NUM_Q_BUFS, block_n=BLOCK_N) -> dict:
+    """`block_n`: keys per KV block; the K/V ring depth follows it (`KV_STAGES`) unless `kv_stages`
+    overrides it. `kv_stages` and `q_bufs` (Q buffers per consumer) exist for benchmarks of the choice."""
     return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window, "PEEL": peel, "SCHEDULE": SCHEDULE_IDS[schedule],
-            "PROFILE": int(profile), "NUM_STAGES": kv_stages, "Q_BUFS": q_bufs, "ABLATE": ablate}
+            "PROFILE": int(profile), "NUM_STAGES": kv_stages or KV_STAGES[block_n], "Q_BUFS": q_bufs, "ABLATE": ablate}
 
 
 # PROFILE levels by the name they carry in variant names.
@@ -587,8 +588,7 @@ def fwd_variants() -> list[KernelVariant]:
                                     name=name, kernel=_jfa_fwd, signature=fwd_signature(dtype, head_dim, block_n),
                                     constexprs=fwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q,
                                                               causal=causal, has_window=has_window, peel=peel,
-                                                              schedule=schedule, profile=level,
-                                                              kv_stages=KV_STAGES[block_n], block_n=block_n),
+                                                              schedule=schedule, profile=level, block_n=block_n),
                                     num_warps=NUM_WARPS, num_stages=1,
                                     tags={"pass": "fwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim),
                                           "schedule": schedule, "peel": str(peel).lower(), "profile": prof_name,
