@@ -45,7 +45,7 @@ host() {  # where a short call's host time goes; then the C launch cache off vs 
     done
   done
 }
-profile() {  # what each instrumentation level costs
+profile() {  # what each instrumentation level costs, and each schedule uninstrumented
   python benchmarks/profile_overhead.py --out "$OUT/profile_overhead.json" 2>&1 | tail -5
 }
 bench() {  # forward over the HSP and dense grids beside the peers (FA4 when importable)

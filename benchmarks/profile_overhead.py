@@ -1,69 +1,110 @@
-"""What instrumentation costs: the same launch with a prebuilt work list at PROFILE level 0, 1
-(tile records + role spans), 2 (+ barrier waits) and 0 again (the repeat shows the noise),
-medians of triton.testing.do_bench.
+"""What the schedules and the instrumentation levels cost, kernel against kernel.
+
+Per HSP point and schedule (static, lpt, dynamic) the same launch with a prebuilt work list at
+PROFILE level 0, 1 (tile records + role spans), 2 (+ barrier waits) and 0 again (the repeat
+gives the noise). Two timings:
+
+- the kernel alone: CUPTI durations (medians of `--launches` launches) in `--rounds` rounds that
+  alternate all twelve (schedule, level) calls, so a clock drifting over the run spreads over all
+  of them; a call's figure is the median of its rounds. Schedules are compared at level 0.
+- the whole call (triton.testing.do_bench median): includes allocating and zeroing the record
+  buffer on the host side.
+
+Every level's output is checked bit for bit against level 0's, and level 0's against the fp32
+reference.
 
     python benchmarks/profile_overhead.py --out benchmarks/results/profile_overhead.json
 """
 import argparse
-import datetime
 import json
 import math
-import sys
+import statistics
 
 import torch
-import triton
-import triton.testing
 
+from jfa_prof import bench, timing
 from jfa_prof.inputs import select_workload
 from jfa_prof.kernels import fwd
 from jfa_prof.kernels.attention import fwd_launch
-from jfa_prof.schedule import fwd_work_list
-from jfa_prof.timing import kernel_durations_ms
+from jfa_prof.schedule import SCHEDULES, fwd_work_list
 
-def kernel_ms(fn, n: int = 20) -> float:
-    """Median device duration of the forward kernel over n launches, after one warm-up."""
-    fn()
-    times = sorted(kernel_durations_ms(fn, "_jfa_fwd", n=n)[0])
-    return times[len(times) // 2]
-
+# Every sparsity-0.1 point of the HSP grid (where the schedules differ most and tiles are
+# shortest, so instrumentation weighs most), and three denser ones.
+POINTS = ((128, 1024, 0.1), (128, 2048, 0.1), (128, 4096, 0.1), (256, 1024, 0.1), (256, 2048, 0.1),
+          (256, 4096, 0.1), (128, 1024, 0.5), (256, 2048, 0.5), (256, 4096, 0.9))
+LEVELS = (("off", 0), ("tiles", 1), ("waits", 2), ("off_again", 0))
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
-a = ap.parse_args()
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--launches", type=int, default=20)
+args = ap.parse_args()
+device = timing.require_gpu("the instrumentation overhead benchmark")
+n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def kernel_ms(fn) -> float:
+    """Median CUPTI duration of the forward kernel over the launches of one round."""
+    return statistics.median(timing.kernel_durations_ms(fn, "_jfa_fwd", n=args.launches)[0])
+
+
+def pct(a: float, b: float) -> float:
+    return 100 * (a / b - 1)
+
+
 rows = []
-for lq, kv, s in ((256, 2048, 0.1), (256, 2048, 0.5), (128, 1024, 0.5), (256, 4096, 0.9)):
+for lq, kv, s in POINTS:
     w = select_workload("hsp", Lq=lq, max_kv=kv, sparsity=s)
-    x = w.make("cuda")
-    row = {"workload": w.label}
-    for schedule in ("lpt", "dynamic"):
-        wl = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, window=None,
-                           causal=False, schedule=schedule, n_ctas=torch.cuda.get_device_properties(0).multi_processor_count)
+    x = w.make(device)
+    ref = bench.reference_output(x, "fwd")
+    row = {"workload": w.label, "flops": x.flops("fwd")}
+    calls = {}
+    for schedule in SCHEDULES:
+        wl = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, window=None, causal=False,
+                           schedule=schedule, n_ctas=n_ctas)
 
         def run(profile, schedule=schedule, wl=wl):
             return fwd_launch(x.q, x.k, x.v, None, x.kv_offsets, lq, sm_scale=1 / math.sqrt(w.D), window=None,
                               causal=False, broadcast_q=True, schedule=schedule, profile=profile, work=wl)
 
-        levels = (("off", 0), ("tiles", 1), ("waits", 2), ("off_again", 0))
-        # The whole call (do_bench): includes allocating and zeroing the record buffer on the host side.
-        t = {name: triton.testing.do_bench(lambda p=p: run(p), warmup=50, rep=200, return_mode="median")
-             for name, p in levels}
-        base = min(t["off"], t["off_again"])
-        t["overhead_tiles_pct"] = 100 * (t["tiles"] / base - 1)
-        t["overhead_waits_pct"] = 100 * (t["waits"] / base - 1)
+        base = run(0)[0]
+        t = {"rel_err_vs_ref": bench.rel_err(base, ref)}
+        t["bitwise_equal_levels"] = all(torch.equal(run(p)[0], base) for _, p in LEVELS[1:3])
+        rec = run(2)[2]
+        t["dropped_records"] = int(rec[0].item())
+        t.update({name: timing.bench(lambda p=p, run=run: run(p)) for name, p in LEVELS})
+        call_base = min(t["off"], t["off_again"])
+        t["overhead_tiles_pct"] = pct(t["tiles"], call_base)
+        t["overhead_waits_pct"] = pct(t["waits"], call_base)
         t["noise_pct"] = 100 * abs(t["off"] / t["off_again"] - 1)
-        # The kernel alone: CUPTI durations of 20 launches each, medians.
-        k = {name: kernel_ms(lambda p=p: run(p)) for name, p in levels}
+        row[schedule] = t
+        for name, p in LEVELS:
+            calls[(schedule, name)] = lambda p=p, run=run: run(p)
+    rounds = timing.alternated(calls, args.rounds, timer=kernel_ms)
+    for schedule in SCHEDULES:
+        t = row[schedule]
+        k = {name: statistics.median(rounds[(schedule, name)]) for name, _ in LEVELS}
         kbase = min(k["off"], k["off_again"])
         t["kernel_ms"] = k
-        t["kernel_overhead_tiles_pct"] = 100 * (k["tiles"] / kbase - 1)
-        t["kernel_overhead_waits_pct"] = 100 * (k["waits"] / kbase - 1)
+        t["kernel_rounds"] = {name: rounds[(schedule, name)] for name, _ in LEVELS}
+        t["kernel_overhead_tiles_pct"] = pct(k["tiles"], kbase)
+        t["kernel_overhead_waits_pct"] = pct(k["waits"], kbase)
         t["kernel_noise_pct"] = 100 * abs(k["off"] / k["off_again"] - 1)
-        row[schedule] = t
+        t["tflops"] = row["flops"] / kbase / 1e9
+    static = min(row["static"]["kernel_ms"]["off"], row["static"]["kernel_ms"]["off_again"])
+    for schedule in ("lpt", "dynamic"):
+        k = row[schedule]["kernel_ms"]
+        row[f"{schedule}_speedup_vs_static"] = static / min(k["off"], k["off_again"])
     rows.append(row)
-    print(row, flush=True)
-meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python"] + sys.argv),
-        "note": "times include the host launch (work list prebuilt); level 1 records tiles and spans, level 2 adds "
-                "barrier waits"}
-json.dump({"meta": meta, "results": rows}, open(a.out, "w"), indent=1)
+    print(f"{w.label:28s} " + "  ".join(
+        f"{sch} {min(row[sch]['kernel_ms']['off'], row[sch]['kernel_ms']['off_again']):.3f} ms "
+        f"+{row[sch]['kernel_overhead_tiles_pct']:.1f}%/+{row[sch]['kernel_overhead_waits_pct']:.1f}% "
+        f"(noise {row[sch]['kernel_noise_pct']:.1f}%)" for sch in SCHEDULES), flush=True)
+meta = timing.measurement_meta(command=f"python benchmarks/profile_overhead.py --out {args.out} --rounds {args.rounds} "
+                                      f"--launches {args.launches}")
+meta["timer"] = ("kernel: CUPTI durations, median per round, median of alternated rounds; call: "
+                 "triton.testing.do_bench median")
+meta["note"] = ("level 1 records tiles and spans, level 2 adds barrier waits; work lists prebuilt; "
+                "<schedule>_speedup_vs_static compares level-0 kernels")
+with open(args.out, "w") as fh:
+    json.dump({"meta": meta, "results": rows}, fh, indent=1)

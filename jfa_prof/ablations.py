@@ -136,9 +136,11 @@ def bwd_dq(name: str) -> tuple[str, int]:
 
 
 def default_schedule(pass_: str) -> str:
-    """The schedule a pass runs when none is named: the forward's LPT list, the backward's round-robin."""
+    """The schedule a pass runs when none is named: the forward's (dynamic), the backward's round-robin."""
+    from jfa_prof.schedule import DEFAULT_SCHEDULE
+
     check_pass(pass_)
-    return "lpt" if pass_ == "fwd" else "static"
+    return DEFAULT_SCHEDULE if pass_ == "fwd" else "static"
 
 
 def check_schedule(pass_: str, schedule: str) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from jfa_prof.ablations import PASSES, check_pass, workload_dict
 from jfa_prof.errors import BadInputError, read_json_file
+from jfa_prof.schedule import DEFAULT_SCHEDULE
 
 __all__ = ["PASSES", "PEERS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
            "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status", "reference_output",
@@ -139,7 +140,7 @@ def _scale(x) -> float:
     return 1.0 / math.sqrt(x.workload.D)
 
 
-def jfa_impls(x, schedules: Sequence[str] = ("lpt",), pass_: str = "fwd") -> list[Impl]:
+def jfa_impls(x, schedules: Sequence[str] = (DEFAULT_SCHEDULE,), pass_: str = "fwd") -> list[Impl]:
     """Forward, per schedule: ``jfa-<s>``, the public op as a user calls it (work list built in
     the call), and ``jfa-<s>-planned``, the kernel with a work list built beforehand, as a model
     that shares one list across its attention layers runs it. Backward: ``jfa-<s>``, the
@@ -436,7 +437,7 @@ def upstream_grad(x, o):
     return (do * rows_seeing_keys(x)[:, None, None]).to(x.q.dtype)
 
 
-def impl_names(peers: Iterable[str], schedules: Sequence[str] = ("lpt",), pass_: str = "fwd") -> list[str]:
+def impl_names(peers: Iterable[str], schedules: Sequence[str] = (DEFAULT_SCHEDULE,), pass_: str = "fwd") -> list[str]:
     """The implementation names :func:`run_bench` times by default, in order."""
     ours = (lambda s: (f"jfa-{s}",)) if pass_ == "bwd" else (lambda s: (f"jfa-{s}", f"jfa-{s}-planned"))
     return [n for s in schedules for n in ours(s)] + [PEERS[k] for k in peers]
@@ -498,7 +499,7 @@ def select_workloads(grid: str, labels: Sequence[str] | None = None) -> list:
     return [by_label[lab] for lab in labels]
 
 
-def fwd_host_breakdown(x, *, n: int = 20, schedule: str = "lpt") -> dict[str, dict[str, float]]:
+def fwd_host_breakdown(x, *, n: int = 20, schedule: str = DEFAULT_SCHEDULE) -> dict[str, dict[str, float]]:
     """Host time per call of the work-list build, of a launch with a list built beforehand, and
     of a whole call: how much of a call is host work when kernels are short."""
     import torch
@@ -605,7 +606,7 @@ def _derive(impls: dict[str, dict[str, Any]], flops: float) -> str | None:
 
 
 def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] = tuple(PEERS),
-              schedules: Sequence[str] = ("lpt",), impls: Callable[[Any], list[Impl]] | None = None,
+              schedules: Sequence[str] = (DEFAULT_SCHEDULE,), impls: Callable[[Any], list[Impl]] | None = None,
               baseline: str | None = None, rep_ms: float | None = None, warmup_ms: float | None = None,
               tol: float = DEFAULT_TOL, check_reference: bool = True, host: bool = True,
               timer: Callable[..., float] | None = None, device=None,
@@ -661,7 +662,7 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
                   "best_peer": best, "baseline": base_name}
         if host and pass_ == "fwd":
             try:
-                record["host_ms"] = fwd_host_breakdown(x, schedule=schedules[0] if schedules else "lpt")
+                record["host_ms"] = fwd_host_breakdown(x, schedule=schedules[0] if schedules else DEFAULT_SCHEDULE)
             except Exception as e:
                 record["host_ms"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         records.append(record)

@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 from jfa_prof import ncu_metrics
 from jfa_prof.errors import JfaProfError, NoGpuError, ToolMissingError
 from jfa_prof.ncu_target import PROFILED_LAUNCHES, WARMUP_LAUNCHES
+from jfa_prof.schedule import DEFAULT_SCHEDULE
 
 # The forward kernel's name as ncu sees it (the jitted function's name).
 # The main kernel of each pass; anchored so that the backward's delta and dQ kernels are left out.
@@ -65,7 +66,7 @@ def require_gpu_driver() -> None:
 class LiveRun:
     """One workload and kernel variant to profile: what ``ncu_target`` takes."""
 
-    schedule: str = "lpt"
+    schedule: str = DEFAULT_SCHEDULE
     peel: bool = True
     grid: str = "hsp"
     lq: int | None = None

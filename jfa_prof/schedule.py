@@ -12,14 +12,21 @@ the host, so building a schedule never synchronizes.
   zigzag: round r gives CTA c list position r*G + c on even rounds and r*G + (G-1-c) on odd
   ones, so each CTA gets a mix of long and short tiles.
 - dynamic: the same cost order without the zigzag; CTAs take positions from an atomic counter.
+
+The forward's default is dynamic: timed kernel against kernel at level 0 on the H200
+(`benchmarks/profile_overhead.py`), it is within 1% of LPT or faster at every point measured, by
+up to 13% at HSP Lq=256 max=2048 s=0.1, where the fixed LPT deal starts every long tile at once.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SCHEDULES = ("static", "lpt", "dynamic")
+DEFAULT_SCHEDULE = "dynamic"  # the forward's; the backward's is kernels/bwd.py's
 
 
 @dataclass
@@ -28,11 +35,16 @@ class WorkList:
     n_work: torch.Tensor  # int32 [1]: leading entries that hold work
     costs: torch.Tensor  # int32 [n_slots]: KV blocks each listed tile visits
     n_m_blocks: int
+    # int32 [1], zero: the dynamic schedule's tile counter for the one launch that built this list
+    # (made with n_work, so it costs no launch of its own). A reused list needs a fresh counter.
+    queue: torch.Tensor | None = None
 
 
 def fwd_tile_costs(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: int | None, H: int,
                    n_m_blocks: int, block_m: int, block_n: int, window: int | None, causal: bool):
     """(cost, has_rows) per tile in grid order; the same geometry as the kernel's `_tile_geometry`."""
+    import torch
+
     kv_offsets = kv_offsets.to(torch.int64)
     Lk = (kv_offsets[1:] - kv_offsets[:-1])[:, None]  # [B, 1]
     if q_offsets is None:
@@ -63,6 +75,8 @@ def zigzag(order: torch.Tensor, n_valid: torch.Tensor, n_ctas: int) -> torch.Ten
     """Re-deal `order` (best first) so that CTA c, reading positions c, c+G, ..., gets a zigzag.
 
     Only full rounds inside the valid prefix are reversed, so the prefix stays the prefix."""
+    import torch
+
     n = order.numel()
     p = torch.arange(n, device=order.device)
     rnd, lane = p // n_ctas, p % n_ctas
@@ -79,6 +93,8 @@ def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: 
     """The work list for one launch. Offsets on a GPU go through the fused kernels in
     `jfa_prof.kernels.plan` unless `reference` asks for the tensor-op version below. `block_n`
     (keys per KV block) defaults to the forward kernel's choice for this many query blocks."""
+    import torch
+
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     rows = Lq if q_offsets is None else max_seq_len_q
@@ -90,10 +106,10 @@ def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: 
     if kv_offsets.is_cuda and not reference:
         from jfa_prof.kernels.plan import fwd_work_list_gpu
 
-        tiles, n_work, costs = fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m=block_m,
+        tiles, n_work, costs, queue = fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m=block_m,
                                                  block_n=block_n, window=window, causal=causal, schedule=schedule,
                                                  n_ctas=n_ctas)
-        return WorkList(tiles=tiles, n_work=n_work, costs=costs, n_m_blocks=n_m_blocks)
+        return WorkList(tiles=tiles, n_work=n_work, costs=costs, n_m_blocks=n_m_blocks, queue=queue)
     cost, has_rows = fwd_tile_costs(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m, block_n, window, causal)
     n_work = has_rows.sum().to(torch.int32).reshape(1)
     if schedule == "static":

@@ -8,7 +8,7 @@ import torch
 
 from jfa_prof import records
 from jfa_prof.errors import BadInputError
-from jfa_prof.schedule import WorkList, fwd_work_list
+from jfa_prof.schedule import DEFAULT_SCHEDULE, WorkList, fwd_work_list
 from jfa_prof.validation import validate_attention_inputs
 
 _NO_WINDOW = -1  # custom ops take plain ints: -1 stands for "no window"
@@ -34,7 +34,7 @@ def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
 
 
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
-               schedule="lpt", peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
+               schedule=DEFAULT_SCHEDULE, peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
                lse_out=None, work=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None, block_n=None):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
@@ -58,6 +58,7 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     lse = torch.empty((H, total_rows), dtype=torch.float32, device=q.device) if lse_out is None else lse_out
     if n_ctas is None:
         n_ctas = torch.cuda.get_device_properties(q.device).multi_processor_count
+    built_here = work is None
     if work is None:
         work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, Lq, H, max_seq_len_q,
                              block_m=fwd.BLOCK_M, block_n=block_n, window=window, causal=causal,
@@ -67,7 +68,12 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     block_n = block_n or fwd.kv_block_n(work.n_m_blocks)
     n_slots = work.tiles.numel()
     grid = max(1, min(n_ctas, n_slots))
-    queue = torch.zeros(1, dtype=torch.int32, device=q.device) if schedule == "dynamic" else work.n_work
+    queue = work.n_work  # a placeholder the static and LPT kernels never touch
+    if schedule == "dynamic":
+        # The kernel counts taken tiles up from zero: a list built here brings a zeroed counter,
+        # a reused one (whose counter an earlier launch used up) gets a fresh one.
+        fresh = built_here and work.queue is not None
+        queue = work.queue if fresh else torch.zeros(1, dtype=torch.int32, device=q.device)
     layout = None
     if profile:
         cap = n_slots if record_capacity is None else record_capacity
@@ -112,7 +118,7 @@ class AttentionPlan:
 
 
 def plan_attention(kv_offsets, q_offsets=None, *, max_seq_len_q: int, H: int, window_size=None, causal=False,
-                   broadcast_q=False, schedule="lpt", n_ctas=None) -> AttentionPlan:
+                   broadcast_q=False, schedule=DEFAULT_SCHEDULE, n_ctas=None) -> AttentionPlan:
     """Build the forward's work list on the offsets' device (no host sync) for `jagged_flash_attention(...,
     plan=)`. For broadcast-Q, `max_seq_len_q` is Lq."""
     from jfa_prof.kernels import fwd
@@ -370,8 +376,8 @@ _jfa_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 
 def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale=None,
-                           window_size=None, causal=False, broadcast_q=False, schedule="lpt", validate=True,
-                           return_lse=False, plan: AttentionPlan | None = None, deterministic=False):
+                           window_size=None, causal=False, broadcast_q=False, schedule=DEFAULT_SCHEDULE,
+                           validate=True, return_lse=False, plan: AttentionPlan | None = None, deterministic=False):
     """Attention over packed variable-length sequences (SPEC §2).
 
     `deterministic=True` makes the backward give the same bits every run: dQ is summed in a

@@ -52,13 +52,15 @@ def _plan_deal(order, costs, tiles_out, costs_out, n_work, n, n_ctas, ZIGZAG: tl
 
 def fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, *, block_m, block_n, window, causal, schedule,
                       n_ctas):
-    """(tiles, n_work, costs) in execution order; see `jfa_prof.schedule.fwd_work_list`."""
+    """(tiles, n_work, costs, queue) in execution order; see `jfa_prof.schedule.fwd_work_list`. queue is a
+    zeroed tile counter for the dynamic schedule, allocated with n_work in one zero fill."""
     B = kv_offsets.numel() - 1
     n = B * H * n_m_blocks
     dev = kv_offsets.device
     keys = torch.empty(n, dtype=torch.int32, device=dev)
     costs = torch.empty(n, dtype=torch.int32, device=dev)
-    n_work = torch.zeros(1, dtype=torch.int32, device=dev)
+    counters = torch.zeros(2, dtype=torch.int32, device=dev)
+    n_work, queue = counters[:1], counters[1:]
     grid = (triton.cdiv(n, _BLOCK), )
     _plan_keys[grid](kv_offsets, kv_offsets if q_offsets is None else q_offsets, keys, costs, n_work, n, H,
                      n_m_blocks, Lq or 0, window if window is not None else 0, BROADCAST_Q=q_offsets is None,
@@ -68,4 +70,4 @@ def fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, *, block_m, bloc
     tiles = torch.empty(n, dtype=torch.int32, device=dev)
     costs_out = torch.empty(n, dtype=torch.int32, device=dev)
     _plan_deal[grid](order, costs, tiles, costs_out, n_work, n, n_ctas, ZIGZAG=schedule == "lpt", BLOCK=_BLOCK)
-    return tiles, n_work, costs_out
+    return tiles, n_work, costs_out, queue

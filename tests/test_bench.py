@@ -329,12 +329,12 @@ def test_run_bench_small_point(cuda_device):
     records = bench.run_bench([w, w], peers=["varlen", "sdpa", "flex", "fa4"], rep_ms=10, warmup_ms=5,
                               device=cuda_device)
     first, second = records
-    assert first["baseline"] == "jfa-lpt" and "ms_repeat" in first["impls"]["jfa-lpt"]
+    assert first["baseline"] == "jfa-dynamic" and "ms_repeat" in first["impls"]["jfa-dynamic"]
     for name, e in first["impls"].items():
         if "error" in e:
             continue  # a peer may be missing or fail: reported, not fatal
         assert e["rel_err_vs_ref"] < 1e-2 and e["ms"] > 0 and e["tflops"] > 0 and e["peak_mem_mb"] >= 0
-    assert first["impls"]["jfa-lpt"]["rel_err_vs_first"] == 0.0
+    assert first["impls"]["jfa-dynamic"]["rel_err_vs_first"] == 0.0
     assert all("rel_err_vs_ref" not in e for e in second["impls"].values())
     assert "host_ms" in first
 
@@ -344,7 +344,7 @@ def test_run_bench_backward_small_point(cuda_device):
     w = Workload("hsp", B=64, H=4, H_kv=4, D=128, Lq=128, max_kv=512, sparsity=0.5, broadcast_q=True)
     (rec,) = bench.run_bench([w], pass_="bwd", peers=["varlen", "fa4"], rep_ms=10, warmup_ms=5, device=cuda_device)
     assert rec["pass"] == "bwd" and rec["flops"] == pytest.approx(2.5 * w.make("cpu").flops("fwd"))
-    e = rec["impls"]["jfa-lpt"]
+    e = rec["impls"]["jfa-dynamic"]
     assert e["rel_err_vs_ref"] < 2e-2 and e["ms"] > 0 and e["peak_mem_mb"] >= 0, e
     for name, e in rec["impls"].items():
         if "error" not in e:

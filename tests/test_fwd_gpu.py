@@ -188,3 +188,29 @@ def test_ablations_run_and_remove_what_they_say(cuda_device, schedule):
             assert not torch.isnan(o[:, :, :]).all(), f"{name}: the kernel must still write its output"
     # All together, as the cumulative waterfall runs them.
     _run(q, k, v, q_off, kv_off, schedule=schedule, ablate=sum(b for b, _ in ABLATIONS.values()))
+
+
+def test_dynamic_tile_counter_starts_from_zero_on_every_launch(cuda_device):
+    """The dynamic schedule counts taken tiles from zero: a list built inside a call brings its own
+    zeroed counter, and a list reused across launches gets a fresh one each time. A counter left
+    over from an earlier launch would skip tiles, and their NaN-poisoned rows would show."""
+    import torch
+
+    from jfa_prof.kernels import fwd
+    from jfa_prof.kernels.attention import fwd_launch, jagged_flash_attention
+    from jfa_prof.schedule import DEFAULT_SCHEDULE, fwd_work_list
+
+    assert DEFAULT_SCHEDULE == "dynamic"
+    q, k, v, q_off, kv_off = _case(cuda_device, LENGTHS * 30, H=4, H_kv=4, D=128, Lq=200)
+    first = jagged_flash_attention(q, k, v, None, kv_off, 200, max(LENGTHS), broadcast_q=True)
+    for _ in range(2):  # the op builds its list, and so its counter, on every call
+        assert torch.equal(jagged_flash_attention(q, k, v, None, kv_off, 200, max(LENGTHS), broadcast_q=True), first)
+    work = fwd_work_list(kv_off, None, 200, 4, 200, block_m=fwd.BLOCK_M, window=None, causal=False,
+                         schedule="dynamic", n_ctas=torch.cuda.get_device_properties(cuda_device).multi_processor_count)
+    for _ in range(3):  # one list, three launches
+        out = torch.full_like(first, float("nan"))
+        fwd_launch(q, k, v, None, kv_off, 200, sm_scale=1 / math.sqrt(128), window=None, causal=False,
+                   broadcast_q=True, schedule="dynamic", work=work, out=out)
+        assert torch.equal(out, first)
+    o, lse = jagged_flash_attention(q, k, v, None, kv_off, 200, max(LENGTHS), broadcast_q=True, return_lse=True)
+    _check(q, k, v, q_off, kv_off, o, lse)

@@ -12,6 +12,8 @@ from typing import Optional
 
 import typer
 
+from jfa_prof.schedule import DEFAULT_SCHEDULE
+
 DEFAULT_PEERS = "fa4,varlen,sdpa,flex"
 
 
@@ -24,7 +26,7 @@ def bench(
                                                                     "s=0.5'; repeat for more."),
     peers: str = typer.Option(DEFAULT_PEERS, "--peers", help="Comma-separated peers to time when installed: "
                                                              "fa4, varlen, sdpa, flex; '' for none."),
-    schedule: str = typer.Option("lpt", "--schedule", help="Schedules of this kernel to time, comma-separated."),
+    schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="Schedules of this kernel to time, comma-separated."),
     rep_ms: int = typer.Option(100, "--rep-ms", min=1, help="Milliseconds of repeats per timing (median taken)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the results (JSON, SPEC §6 records) here."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write TFLOPS-vs-sparsity charts (HTML) here."),

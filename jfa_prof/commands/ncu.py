@@ -17,7 +17,7 @@ def ncu(
     kernel: Optional[str] = typer.Option(
         None, "--kernel", metavar="REGEX", help="Only kernels whose name matches, for reports holding several."),
     pass_: str = typer.Option("fwd", "--pass", help="Live: the forward (fwd) or the backward (bwd) kernel."),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="Live: fwd static, lpt (default) or dynamic; "
+    schedule: Optional[str] = typer.Option(None, "--schedule", help="Live: fwd static, lpt or dynamic (default); "
                                                                     "bwd static (default) or dynamic."),
     dq: Optional[str] = typer.Option(None, "--dq", help="Live bwd: the dQ reduction, tma, tma1 or atomic "
                                                         "(default: the op's)."),
@@ -45,7 +45,7 @@ def ncu(
 
     [bold]--report FILE[/] reads a report made anywhere, no GPU needed; [bold]--compare FILE_B[/] adds deltas.
 
-    Without --report, ncu profiles one launch on this machine's GPU, e.g. [bold]--vs-schedule dynamic[/],
+    Without --report, ncu profiles one launch on this machine's GPU, e.g. [bold]--vs-schedule lpt[/],
     or [bold]--pass bwd --dq tma --vs-dq atomic[/].
     """
     from jfa_prof.analyses import ncu as analysis

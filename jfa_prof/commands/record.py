@@ -13,7 +13,7 @@ def record(
     out: Path = typer.Option(..., "-o", "--out", help="Trace file to write (.jfatrace)."),
     pass_: str = typer.Option("fwd", "--pass", help="fwd, or bwd: the backward kernel (its tiles are KV blocks)."),
     schedule: Optional[str] = typer.Option(
-        None, "--schedule", help="fwd: static, lpt (default) or dynamic; bwd: static (default, round-robin) "
+        None, "--schedule", help="fwd: static, lpt or dynamic (default); bwd: static (default, round-robin) "
                                  "or dynamic."),
     dq: Optional[str] = typer.Option(None, "--dq", help="bwd: the dQ reduction: tma, tma1 or atomic (default: the "
                                                         "op's, tma for broadcast-Q, atomic for jagged)."),

@@ -26,7 +26,7 @@ def waterfall(
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
     schedule: Optional[str] = typer.Option(
-        None, "--schedule", help="fwd: static, lpt (default) or dynamic; bwd: static (default, round-robin) "
+        None, "--schedule", help="fwd: static, lpt or dynamic (default); bwd: static (default, round-robin) "
                                  "or dynamic."),
     dq: Optional[str] = typer.Option(
         None, "--dq", help="bwd: the dQ reduction: tma (TMA reduce-add, 2 staging buffers; broadcast-Q's default), "
