@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants record_bwd host
+#   bwd_variants fwd_variants record_bwd host bwd_ab
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -94,6 +94,10 @@ bwd_variants() {  # the backward's build choices side by side (dQ reduction, sch
 }
 fwd_variants() {  # the forward's K/V ring depth and Q buffers per consumer side by side
   python benchmarks/fwd_variants.py --out "$OUT/fwd_variants.json" 2>&1 | grep -v Warn | tail -21
+}
+bwd_ab() {  # an earlier backward build against the checkout's: BWD_BEFORE=file (git show REV:kernels/bwd.py > file)
+  python benchmarks/bwd_ab.py --before "${BWD_BEFORE:?set BWD_BEFORE to an earlier kernels/bwd.py}" \
+    --label-before "${BWD_BEFORE_LABEL:-before}" --out "$OUT/bwd_ab.json" 2>&1 | grep -v Warn | tail -8
 }
 ncu_bwd() {  # hardware counters of the backward: TMA reduce-add vs atomics for dQ
   python -m jfa_prof ncu --pass bwd --dq tma --vs-dq atomic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 \

@@ -59,12 +59,13 @@ BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
 # Query rows per inner step: the N of the m64nNk16 wgmmas that make S^T, dP^T and dQ^T. With both
 # operands in shared memory, N = 32 asks more of shared memory than it delivers (~1.5x of its 128
 # B/clk per SM at the tensor cores' rate); N = 64 is at the limit. 64 was 1.21-1.28x faster on the
-# H200 over three HSP points (benchmarks/results/bwd_variants_*.json), though ptxas then spills a
-# little at D = 128 (about 240 bytes per thread with dQ, none without: `jfa-prof spills --kernel bwd`).
+# H200 over three HSP points (benchmarks/results/bwd_variants_*.json). At D = 128 it leaves ptxas a few
+# registers short: see the opaque buffer views in the step loop (`jfa-prof spills --kernel bwd`).
 BLOCK_M = 64
 NUM_WARPS = 8  # two warpgroups: each owns 64 of the block's keys in every wgmma
-# Triton's pipelining depth. The main kernel's copies are written out, yet at 1 its code differs and
-# ptxas spills a third more (320 vs 240 bytes per thread, broadcast-Q D = 128).
+# Triton's pipelining depth. The main kernel's copies are written out; at 1 ptxas spilled a third
+# more (320 vs 240 bytes per thread, broadcast-Q D = 128) until the step loop's buffer views went
+# opaque, and both spill a few bytes since. 2 is the build that was timed.
 NUM_STAGES = 2
 DELTA_ROWS = 16  # rows per program of the delta kernel
 DELTA_WARPS = 4
@@ -371,12 +372,20 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             lse = tl.load(lse_ptr + stat_offs, mask=m_ok, other=0.0)
             delta = tl.load(delta_ptr + stat_offs, mask=m_ok, other=0.0)
             tlx.barrier_wait(step_bars[slot], (step // 2) & 1)
-            q_s = q_bufs[slot]
-            do_s = do_bufs[slot]
+            # Buffer views through an opaque index: the compiler then rebuilds each wgmma's shared-memory
+            # descriptors inside the step (an add and a mask each) instead of computing ~40 of them
+            # before the loop and keeping them, which left too few registers and spilled them to local
+            # memory, reloaded every step: 240 -> 4 spilled bytes per thread at D = 128, and the
+            # kernel 1.10-1.17x faster on the H200 (benchmarks/results/bwd_ab_*).
+            slot_o = _opaque(slot)
+            k_s = k_buf[_opaque(0)]
+            v_s = v_buf[_opaque(0)]
+            q_s = q_bufs[slot_o]
+            do_s = do_bufs[slot_o]
             # S^T = K Q^T and dP^T = V dO^T go to the tensor cores together; P^T is computed while
             # dP^T runs. (Issuing dV before dP^T is waited for holds P^T's registers longer: more spills.)
-            qk_t = tlx.async_dot(k_buf[0], tlx.local_trans(q_s))
-            dp_t = tlx.async_dot(v_buf[0], tlx.local_trans(do_s))
+            qk_t = tlx.async_dot(k_s, tlx.local_trans(q_s))
+            dp_t = tlx.async_dot(v_s, tlx.local_trans(do_s))
             qk_t = tlx.async_dot_wait(1, qk_t)
             # P recomputed from the saved log-sum-exp. A row that saw no key has lse = -inf
             # and no visible entry, so the select, not the exponential, makes its P zero.
@@ -397,7 +406,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             dv = tlx.async_dot(p_t.to(dtype), do_s, dv)
             dk = tlx.async_dot(ds_t, q_s, dk)
             if not NO_DQ:
-                ds_s = ds_bufs[slot]
+                ds_s = ds_bufs[slot_o]
                 tlx.local_store(ds_s, ds_t)
                 tlx.fence("async_shared")
             # Every warp has finished the previous step (its matmuls were waited for), so the next
@@ -409,7 +418,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             if not NO_DQ:
                 # dQ^T = K^T dS^T keeps the block's 128 keys as the reduction dimension and the
                 # head dim as wgmma's M.
-                dq_t = tlx.async_dot(tlx.local_trans(k_buf[0]), ds_s)
+                dq_t = tlx.async_dot(tlx.local_trans(k_s), ds_s)
                 dq_t = tlx.async_dot_wait(0, dq_t) * sm_scale
                 if PROFILE >= 2 and DQ_MODE == DQ_TMA:
                     w0 = tlx.clock64()

@@ -1,0 +1,85 @@
+"""Two builds of the backward kernel side by side in one process: an earlier `kernels/bwd.py` (a
+file, e.g. from `git show REV:kernels/bwd.py`) against the checkout's, on HSP points and the dense
+shape. Each is checked against the fp32 reference, then the main kernel alone (CUPTI durations of
+`_jfa_bwd`) is timed in rounds that alternate the two builds; a build's figure is the median of its
+rounds.
+
+    git show 8f96150:kernels/bwd.py > /tmp/bwd_before.py
+    python benchmarks/bwd_ab.py --before /tmp/bwd_before.py --label-before 8f96150 --out bwd_ab.json
+"""
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import statistics
+import sys
+
+import jfa_prof.kernels as kernels_pkg
+from jfa_prof import bench, timing
+from jfa_prof.inputs import select_workload
+from jfa_prof.kernels import bwd as checkout
+from jfa_prof.kernels.attention import bwd_launch, fwd_launch
+
+POINTS = (("hsp", 256, 2048, 0.5), ("hsp", 128, 1024, 0.1), ("hsp", 256, 4096, 0.9), ("hsp", 128, 4096, 0.9),
+          ("dense", None, None, None))
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--before", required=True, help="an earlier kernels/bwd.py")
+ap.add_argument("--label-before", default="before")
+ap.add_argument("--out", required=True)
+ap.add_argument("--rounds", type=int, default=3)
+args = ap.parse_args()
+device = timing.require_gpu("the backward A/B benchmark")
+spec = importlib.util.spec_from_file_location("jfa_prof.kernels.bwd_before", args.before)
+before = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(before)
+
+
+@contextlib.contextmanager
+def build(module):
+    """bwd_launch imports `jfa_prof.kernels.bwd` when called: point that name at `module` meanwhile."""
+    kernels_pkg.bwd = sys.modules["jfa_prof.kernels.bwd"] = module
+    try:
+        yield
+    finally:
+        kernels_pkg.bwd = sys.modules["jfa_prof.kernels.bwd"] = checkout
+
+
+def kernel_ms(fn) -> float:
+    return statistics.median(timing.kernel_durations_ms(fn, "_jfa_bwd", n=10)[0])
+
+
+rows = []
+for grid, lq, kv, s in POINTS:
+    w = select_workload(grid, Lq=lq, max_kv=kv, sparsity=s)
+    x = w.make(device)
+    scale = 1 / math.sqrt(w.D)
+    q_off = None if w.broadcast_q else x.q_offsets
+    o, lse, _, _ = fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=scale, window=None,
+                              causal=False, broadcast_q=w.broadcast_q)
+    do = bench.upstream_grad(x, o)
+    ref = bench.reference_output(x, "bwd")
+
+    def run():
+        return bwd_launch(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q, x.max_seq_len_kv,
+                          sm_scale=scale, window=None, causal=False, broadcast_q=w.broadcast_q)
+
+    def run_with(module):
+        with build(module):
+            return run()
+
+    calls = {args.label_before: lambda: run_with(before), "checkout": lambda: run_with(checkout)}
+    row = {"workload": w.label, "flops": x.flops("bwd"), "builds": {}}
+    for name, fn in calls.items():
+        row["builds"][name] = {"rel_err_vs_ref": bench.rel_err(fn(), ref)}
+    for name, rounds in timing.alternated(calls, args.rounds, timer=kernel_ms).items():
+        row["builds"][name].update(timing.rounds_summary(rounds, row["flops"]))
+    row["speedup"] = row["builds"][args.label_before]["ms"] / row["builds"]["checkout"]["ms"]
+    rows.append(row)
+    print(f"{w.label:28s} " + "  ".join(f"{n} {timing.format_rounds(e)}" for n, e in row["builds"].items())
+          + f"  x{row['speedup']:.3f}", flush=True)
+meta = timing.measurement_meta(command=" ".join(["python"] + sys.argv))
+meta["timer"] = "CUPTI durations of _jfa_bwd, median of 10 per round, median of alternated rounds"
+with open(args.out, "w") as fh:
+    json.dump({"meta": meta, "results": rows}, fh, indent=1)
