@@ -628,3 +628,13 @@ def test_backward_reports_show_what_limits_the_tlx_backward():
         assert m["local_load_bytes"] > 0 and m["local_store_bytes"] > 0
     per_thread = {name: m["local_load_bytes"] / m["threads"] for name, m in reports.items()}
     assert per_thread["bwd_tma_dense"] == max(per_thread.values())
+
+
+def test_backward_reports_after_the_spill_fix():
+    """The same two points after the step loop's buffer views went opaque (commit e90798f): no local
+    memory traffic left, a shorter kernel and a busier tensor pipe."""
+    for before, after in (("bwd_tma", "bwd_tma_e90798f"), ("bwd_tma_dense", "bwd_tma_dense_e90798f")):
+        a = analysis.read_report(DATA / f"{before}.ncu-rep").kernel("_jfa_bwd").metrics
+        b = analysis.read_report(DATA / f"{after}.ncu-rep").kernel("_jfa_bwd").metrics
+        assert a["local_load_bytes"] > 0 and b["local_load_bytes"] == b["local_store_bytes"] == 0
+        assert b["duration"] < a["duration"] and b["tensor_pipe"] > a["tensor_pipe"]
