@@ -296,9 +296,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     step = 0  # steps done by this program: slot and phase of step_bars
     n_tiles_done = 0  # phase of kv_bar
     if PROFILE:
-        sm = prof.smid()
-        span_t0 = prof.globaltimer()
-        span_c0 = tlx.clock64()
+        sm, span_t0, span_c0 = prof.span_start()
         dq_wait = tl.zeros([], tl.int64)
         dq_waits = tl.zeros([], tl.int64)
     # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.

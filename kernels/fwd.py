@@ -308,9 +308,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
         # ----------------------------------------------------------------------------------
         with tlx.async_task("default"):
             if PROFILE:
-                sm = prof.smid()
-                t_first = prof.globaltimer()
-                c_first = tlx.clock64()
+                sm, t_first, c_first = prof.span_start()
             w_qe = tl.zeros([], tl.int64)
             n_qe = tl.zeros([], tl.int64)
             w_ke = tl.zeros([], tl.int64)
@@ -380,9 +378,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
         with tlx.async_task(num_warps=4, registers=232, replicate=2):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if PROFILE:
-                sm = prof.smid()
-                t_first = prof.globaltimer()
-                c_first = tlx.clock64()
+                sm, t_first, c_first = prof.span_start()
             w_qf = tl.zeros([], tl.int64)
             n_qf = tl.zeros([], tl.int64)
             w_kf = tl.zeros([], tl.int64)

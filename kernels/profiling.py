@@ -52,6 +52,12 @@ def globaltimer():
 
 
 @triton.jit
+def span_start():
+    """(SM id, globaltimer, clock64) where a warp role's span starts, for `write_span` at its end."""
+    return smid(), globaltimer(), tlx.clock64()
+
+
+@triton.jit
 def timed_wait(bar, phase, cycles, count, PROFILE: tl.constexpr):
     """barrier_wait that, at PROFILE level 2, adds the cycles spent waiting to a per-site accumulator."""
     if PROFILE >= 2:
