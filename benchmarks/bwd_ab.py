@@ -12,7 +12,6 @@ import contextlib
 import importlib.util
 import json
 import math
-import statistics
 import sys
 
 import jfa_prof.kernels as kernels_pkg
@@ -46,10 +45,6 @@ def build(module):
         kernels_pkg.bwd = sys.modules["jfa_prof.kernels.bwd"] = checkout
 
 
-def kernel_ms(fn) -> float:
-    return statistics.median(timing.kernel_durations_ms(fn, "_jfa_bwd", n=10)[0])
-
-
 rows = []
 for grid, lq, kv, s in POINTS:
     w = select_workload(grid, Lq=lq, max_kv=kv, sparsity=s)
@@ -73,7 +68,7 @@ for grid, lq, kv, s in POINTS:
     row = {"workload": w.label, "flops": x.flops("bwd"), "builds": {}}
     for name, fn in calls.items():
         row["builds"][name] = {"rel_err_vs_ref": bench.rel_err(fn(), ref)}
-    for name, rounds in timing.alternated(calls, args.rounds, timer=kernel_ms).items():
+    for name, rounds in timing.alternated(calls, args.rounds, timer=lambda fn: timing.kernel_median_ms(fn, "_jfa_bwd")).items():
         row["builds"][name].update(timing.rounds_summary(rounds, row["flops"]))
     row["speedup"] = row["builds"][args.label_before]["ms"] / row["builds"]["checkout"]["ms"]
     rows.append(row)

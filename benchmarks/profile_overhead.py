@@ -45,11 +45,16 @@ n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
 
 def kernel_ms(fn) -> float:
     """Median CUPTI duration of the forward kernel over the launches of one round."""
-    return statistics.median(timing.kernel_durations_ms(fn, "_jfa_fwd", n=args.launches)[0])
+    return timing.kernel_median_ms(fn, "_jfa_fwd", n=args.launches)
 
 
 def pct(a: float, b: float) -> float:
     return 100 * (a / b - 1)
+
+
+def level0(times: dict) -> float:
+    """The faster of the two uninstrumented timings: what overheads and schedules are measured from."""
+    return min(times["off"], times["off_again"])
 
 
 rows = []
@@ -73,7 +78,7 @@ for lq, kv, s in POINTS:
         rec = run(2)[2]
         t["dropped_records"] = int(rec[0].item())
         t.update({name: timing.bench(lambda p=p, run=run: run(p)) for name, p in LEVELS})
-        call_base = min(t["off"], t["off_again"])
+        call_base = level0(t)
         t["overhead_tiles_pct"] = pct(t["tiles"], call_base)
         t["overhead_waits_pct"] = pct(t["waits"], call_base)
         t["noise_pct"] = 100 * abs(t["off"] / t["off_again"] - 1)
@@ -84,20 +89,18 @@ for lq, kv, s in POINTS:
     for schedule in SCHEDULES:
         t = row[schedule]
         k = {name: statistics.median(rounds[(schedule, name)]) for name, _ in LEVELS}
-        kbase = min(k["off"], k["off_again"])
+        kbase = level0(k)
         t["kernel_ms"] = k
         t["kernel_rounds"] = {name: rounds[(schedule, name)] for name, _ in LEVELS}
         t["kernel_overhead_tiles_pct"] = pct(k["tiles"], kbase)
         t["kernel_overhead_waits_pct"] = pct(k["waits"], kbase)
         t["kernel_noise_pct"] = 100 * abs(k["off"] / k["off_again"] - 1)
         t["tflops"] = row["flops"] / kbase / 1e9
-    static = min(row["static"]["kernel_ms"]["off"], row["static"]["kernel_ms"]["off_again"])
     for schedule in ("lpt", "dynamic"):
-        k = row[schedule]["kernel_ms"]
-        row[f"{schedule}_speedup_vs_static"] = static / min(k["off"], k["off_again"])
+        row[f"{schedule}_speedup_vs_static"] = level0(row["static"]["kernel_ms"]) / level0(row[schedule]["kernel_ms"])
     rows.append(row)
     print(f"{w.label:28s} " + "  ".join(
-        f"{sch} {min(row[sch]['kernel_ms']['off'], row[sch]['kernel_ms']['off_again']):.3f} ms "
+        f"{sch} {level0(row[sch]['kernel_ms']):.3f} ms "
         f"+{row[sch]['kernel_overhead_tiles_pct']:.1f}%/+{row[sch]['kernel_overhead_waits_pct']:.1f}% "
         f"(noise {row[sch]['kernel_noise_pct']:.1f}%)" for sch in SCHEDULES), flush=True)
 meta = timing.measurement_meta(command=f"python benchmarks/profile_overhead.py --out {args.out} --rounds {args.rounds} "

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
 from jfa_prof.errors import BadInputError, JfaProfError, read_json_file
+from jfa_prof.schedule import DEFAULT_SCHEDULE
 
 __all__ = ["BWD_DQ", "KERNEL_MODULES", "PASSES", "RECORD_KIND", "Ablation", "WaterfallRecord", "ablation_plan",
            "available_ablations", "bwd_dq", "check_pass", "check_schedule", "DEFAULT_DQ_NAME", "default_schedule",
@@ -137,8 +138,6 @@ def bwd_dq(name: str) -> tuple[str, int]:
 
 def default_schedule(pass_: str) -> str:
     """The schedule a pass runs when none is named: the forward's (dynamic), the backward's round-robin."""
-    from jfa_prof.schedule import DEFAULT_SCHEDULE
-
     check_pass(pass_)
     return DEFAULT_SCHEDULE if pass_ == "fwd" else "static"
 

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "host_breakdown", "measurement_meta",
-           "require_gpu", "time_twice"]
+__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "host_breakdown", "kernel_median_ms",
+           "measurement_meta", "require_gpu", "time_twice"]
 
 # do_bench's budgets are milliseconds of GPU time, not iteration counts: a 0.1 ms kernel gets
 # ~1000 repeats in 100 ms, a 5 ms one ~20, and both medians settle.
@@ -137,6 +137,12 @@ def kernel_durations_ms(fn: Callable[[], Any], kernel: str, *, n: int = 1, activ
         if activity == "cuda":
             torch.cuda.synchronize()
     return [e.time_range.elapsed_us() / 1e3 for e in prof.events() if e.name.split("(")[0] == kernel], result
+
+
+def kernel_median_ms(fn: Callable[[], Any], kernel: str, *, n: int = 10, activity: str = "cuda") -> float:
+    """The median of :func:`kernel_durations_ms` over n calls of fn: one round's figure for the
+    kernel alone, e.g. as the ``timer`` of :func:`alternated`."""
+    return statistics.median(kernel_durations_ms(fn, kernel, n=n, activity=activity)[0])
 
 
 def require_gpu(what: str, *, hint: str | None = None):

@@ -93,3 +93,10 @@ def test_kernel_durations_come_from_the_profiler_with_the_last_result():
     times, out = kernel_durations_ms(lambda: calls.append(1) or a @ a, "aten::mm", n=3, activity="cpu")
     assert len(calls) == 3 and len(times) == 3 and all(t > 0 for t in times)
     assert torch.equal(out, a @ a)
+
+
+def test_kernel_median_is_the_median_of_the_profiled_durations(monkeypatch):
+    from jfa_prof import timing
+
+    monkeypatch.setattr(timing, "kernel_durations_ms", lambda fn, kernel, n, activity: ([3.0, 1.0, 2.0, 9.0, 4.0], None))
+    assert timing.kernel_median_ms(lambda: None, "k", n=5) == 3.0
