@@ -114,3 +114,55 @@ def test_delta_kernel_prefix_sums_kv_blocks_across_scan_chunks():
         expected.append(expected[-1] + -(-n // bwd.BLOCK_N))
     got = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("[")]
     assert got == [expected, expected]
+
+
+_DECODE = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated
+import torch
+import triton
+import triton.language as tl
+from jfa_prof.kernels import bwd
+
+@triton.jit
+def decode(tile_cum, out, B, H_kv, n_tiles, n_progs):
+    # A persistent program's walk: tiles pid, pid + n_progs, ..., each decoded from the last one's batch.
+    t = tl.program_id(0)
+    b = 0
+    while t < n_tiles:
+        b, kvh, blk = bwd._find_tile(t, tile_cum, B, H_kv, b)
+        tl.store(out + 3 * t, b)
+        tl.store(out + 3 * t + 1, kvh)
+        tl.store(out + 3 * t + 2, blk)
+        t += n_progs
+
+cum, H_kv, n_progs = json.loads(sys.argv[1])
+n_tiles = cum[-1] * H_kv
+out = torch.full((n_tiles, 3), -1, dtype=torch.int32)
+decode[(n_progs, )](torch.tensor(cum, dtype=torch.int32), out, len(cum) - 1, H_kv, n_tiles, n_progs)
+print(json.dumps(out.tolist()))
+"""
+
+
+@pytest.mark.parametrize("n_progs", [3, 40])
+def test_tile_decode_walks_forward_from_the_previous_batch(n_progs):
+    """The main kernel decodes each tile starting from its previous tile's batch: one load of the
+    next `_SEARCH` sequences, a binary search past them. Every tile must decode to its (batch, kv
+    head, KV block) in block-innermost order, over empty sequences, short and long strides alike
+    (40 programs jump past the window where a run of empty sequences follows)."""
+    import random
+
+    from jfa_prof.kernels import bwd
+
+    rng = random.Random(n_progs)
+    blocks = [rng.choice([0, 0, 0, 1, 2, 3]) for _ in range(150)] + [0] * 80 + [1, 4]
+    H_kv = 2
+    cum = [0]
+    for n in blocks:
+        cum.append(cum[-1] + n)
+    expected = [[b, r // n, r % n] for b, n in enumerate(blocks) for r in range(n * H_kv)]
+    run = subprocess.run([sys.executable, "-c", _DECODE, json.dumps([cum, H_kv, n_progs])], capture_output=True,
+                         text=True, timeout=300, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == expected
+    assert len(blocks) > bwd._SEARCH.value + 80  # the run of empty sequences is longer than one window
