@@ -1,8 +1,8 @@
-"""Two builds of the backward kernel side by side in one process: an earlier `kernels/bwd.py` (a
-file, e.g. from `git show REV:kernels/bwd.py`) against the checkout's, on HSP points and the dense
+"""Builds of the backward kernel side by side in one process: one or more other `kernels/bwd.py`
+files (e.g. from `git show REV:kernels/bwd.py`) against the checkout's, on HSP points and the dense
 shape. Each is checked against the fp32 reference, then the main kernel alone (CUPTI durations of
-`_jfa_bwd`) is timed in rounds that alternate the two builds; a build's figure is the median of its
-rounds.
+`_jfa_bwd`) is timed in rounds that alternate the builds; a build's figure is the median of its
+rounds, and each other build's `speedup` is its time over the checkout's.
 
     git show 8f96150:kernels/bwd.py > /tmp/bwd_before.py
     python benchmarks/bwd_ab.py --before /tmp/bwd_before.py --label-before 8f96150 --out bwd_ab.json
@@ -24,15 +24,20 @@ POINTS = (("hsp", 256, 2048, 0.5), ("hsp", 128, 1024, 0.1), ("hsp", 256, 4096, 0
           ("dense", None, None, None))
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--before", required=True, help="an earlier kernels/bwd.py")
-ap.add_argument("--label-before", default="before")
+ap.add_argument("--before", required=True, action="append", help="another kernels/bwd.py (repeatable)")
+ap.add_argument("--label-before", action="append", help="a name for each --before, in order")
 ap.add_argument("--out", required=True)
 ap.add_argument("--rounds", type=int, default=3)
 args = ap.parse_args()
 device = timing.require_gpu("the backward A/B benchmark")
-spec = importlib.util.spec_from_file_location("jfa_prof.kernels.bwd_before", args.before)
-before = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(before)
+labels = args.label_before or [f"before{i + 1}" if len(args.before) > 1 else "before" for i in range(len(args.before))]
+if len(labels) != len(args.before) or "checkout" in labels:
+    ap.error("give one --label-before per --before, none of them 'checkout'")
+others = {}
+for i, (label, path) in enumerate(zip(labels, args.before)):
+    spec = importlib.util.spec_from_file_location(f"jfa_prof.kernels.bwd_before{i}", path)
+    others[label] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(others[label])
 
 
 @contextlib.contextmanager
@@ -64,16 +69,17 @@ for grid, lq, kv, s in POINTS:
         with build(module):
             return run()
 
-    calls = {args.label_before: lambda: run_with(before), "checkout": lambda: run_with(checkout)}
+    builds = {**others, "checkout": checkout}
+    calls = {name: (lambda m=m: run_with(m)) for name, m in builds.items()}
     row = {"workload": w.label, "flops": x.flops("bwd"), "builds": {}}
     for name, fn in calls.items():
         row["builds"][name] = {"rel_err_vs_ref": bench.rel_err(fn(), ref)}
     for name, rounds in timing.alternated(calls, args.rounds, timer=lambda fn: timing.kernel_median_ms(fn, "_jfa_bwd")).items():
         row["builds"][name].update(timing.rounds_summary(rounds, row["flops"]))
-    row["speedup"] = row["builds"][args.label_before]["ms"] / row["builds"]["checkout"]["ms"]
+    row["speedup"] = {n: row["builds"][n]["ms"] / row["builds"]["checkout"]["ms"] for n in others}
     rows.append(row)
     print(f"{w.label:28s} " + "  ".join(f"{n} {timing.format_rounds(e)}" for n, e in row["builds"].items())
-          + f"  x{row['speedup']:.3f}", flush=True)
+          + "  checkout " + " ".join(f"x{r:.3f} vs {n}" for n, r in row["speedup"].items()), flush=True)
 meta = timing.measurement_meta(command=" ".join(["python"] + sys.argv))
 meta["timer"] = "CUPTI durations of _jfa_bwd, median of 10 per round, median of alternated rounds"
 with open(args.out, "w") as fh:

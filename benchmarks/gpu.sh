@@ -95,9 +95,16 @@ bwd_variants() {  # the backward's build choices side by side (dQ reduction, sch
 fwd_variants() {  # the forward's K/V ring depth and Q buffers per consumer side by side
   python benchmarks/fwd_variants.py --out "$OUT/fwd_variants.json" 2>&1 | grep -v Warn | tail -21
 }
-bwd_ab() {  # an earlier backward build against the checkout's: BWD_BEFORE=file (git show REV:kernels/bwd.py > file)
-  python benchmarks/bwd_ab.py --before "${BWD_BEFORE:?set BWD_BEFORE to an earlier kernels/bwd.py}" \
-    --label-before "${BWD_BEFORE_LABEL:-before}" --out "$OUT/bwd_ab.json" 2>&1 | grep -v Warn | tail -8
+bwd_ab() {  # other backward builds against the checkout's: BWD_BEFORE="file ..." (git show REV:kernels/bwd.py > file),
+  # BWD_BEFORE_LABEL="name ..." (one per file)
+  local args=() labels=(${BWD_BEFORE_LABEL:-})
+  local i=0
+  for f in ${BWD_BEFORE:?set BWD_BEFORE to other kernels/bwd.py files}; do
+    args+=(--before "$f")
+    [ -n "${labels[$i]:-}" ] && args+=(--label-before "${labels[$i]}")
+    i=$((i + 1))
+  done
+  python benchmarks/bwd_ab.py "${args[@]}" --out "$OUT/bwd_ab.json" 2>&1 | grep -v Warn | tail -8
 }
 ncu_bwd() {  # hardware counters of the backward: TMA reduce-add vs atomics for dQ
   python -m jfa_prof ncu --pass bwd --dq tma --vs-dq atomic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 \

@@ -335,7 +335,7 @@ def _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H
                                            rows_q if broadcast_q else 0, win, total_rows, rows_q, chunk,
                                            **bwd.dq_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                                                has_window=window is not None),
-                                           num_warps=bwd.DQ_WARPS, num_stages=bwd.NUM_STAGES)
+                                           num_warps=bwd.DQ_WARPS, num_stages=bwd.DET_DQ_NUM_STAGES)
     # torch's sum over a leading dimension of a fixed size is the same every run.
     return parts.sum(0) if parts.shape[0] > 1 else parts[0]
 

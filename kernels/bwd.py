@@ -63,10 +63,14 @@ BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
 # registers short: see the opaque buffer views in the step loop (`jfa-prof spills --kernel bwd`).
 BLOCK_M = 64
 NUM_WARPS = 8  # two warpgroups: each owns 64 of the block's keys in every wgmma
-# Triton's pipelining depth. The main kernel's copies are written out; at 1 ptxas spilled a third
-# more (320 vs 240 bytes per thread, broadcast-Q D = 128) until the step loop's buffer views went
-# opaque, and both spill a few bytes since. 2 is the build that was timed.
-NUM_STAGES = 2
+# Triton's software pipelining depth for the main kernel: 1, none. Its copies are written out, and
+# at 2 the pipeliner, unable to pipeline the step loop's asynchronous wgmmas, waited for each right
+# after issuing it (a wgmma wait(0) after every matmul in the SASS): S^T and dP^T ran one after the
+# other, and P^T was not computed while dP^T ran. At 1 the waits are the ones written: 1.04-1.13x
+# faster on the H200 (benchmarks/results/bwd_ab_stages1_*).
+NUM_STAGES = 1
+# The deterministic dQ kernel loads with tl.load and multiplies with tl.dot: the pipeliner's work.
+DET_DQ_NUM_STAGES = 2
 DELTA_ROWS = 16  # rows per program of the delta kernel
 DELTA_WARPS = 4
 DELTA_SCAN = 1024  # sequences per step of the tile-list prefix sum the delta kernel also builds
@@ -240,9 +244,8 @@ def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, H, h, q_row0, m0, m_ok, n_stored,
         # last read it has (at most DQ_STAGES - 1 newer copies in flight); the thread that issued
         # the copies waits, and a CTA barrier holds the others until it has. Triton's shared-memory
         # hazard analysis places that barrier (and the one between the store and the copy) itself.
-        # Written out here they stopped Triton's software pipeliner from prefetching the next Q / dO
-        # block: the loads then waited in every step (4-9% of the kernel on three HSP points,
-        # benchmarks/results/bwd_variants_*pipelined*).
+        # (Written out, in a build that still software-pipelined the step loop, they stopped the
+        # pipeliner's prefetch of the step's loads: 4-9% slower, benchmarks/results/bwd_variants_*pipelined*.)
         # The buffer is [BLOCK_M, HEAD_DIM], like the accumulator's rows, so a box may start on any
         # row (a jagged sequence's first): dQ^T goes in through a transposed view. Rows past the
         # sequence end add exactly zero (their dS is zero), so the box needs no mask even where
@@ -650,7 +653,7 @@ def bwd_variants() -> list[KernelVariant]:
                     name=f"bwd/{mode}/{dtype}/d{head_dim}/dq-det", kernel=_jfa_bwd_dq, signature=dq_signature(dtype),
                     constexprs=dq_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal,
                                              has_window=has_window),
-                    num_warps=DQ_WARPS, num_stages=NUM_STAGES,
+                    num_warps=DQ_WARPS, num_stages=DET_DQ_NUM_STAGES,
                     tags={"pass": "bwd", "mode": mode, "dtype": dtype, "head_dim": str(head_dim), "dq": "det-dq"}))
             out.append(KernelVariant(
                 name=f"bwd/delta/{dtype}/d{head_dim}", kernel=_jfa_bwd_delta, signature=delta_signature(dtype),

@@ -224,9 +224,9 @@ def _tma_loads_waited_one_by_one(ptx: str) -> list[bool]:
 
 @pytest.mark.parametrize("name", ["bwd/bcast/bf16/d128/tma2", "bwd/jagged/bf16/d128/tma2"])
 def test_backward_prefetches_the_next_query_block(name):
-    """Q and dO of the next step are copied back to back, before the current step's matmuls:
-    Triton's software pipeliner ran. (Barriers written into the loop once stopped it, and every
-    step then waited for its own loads: K, wait, V, wait, Q, wait, dO, wait.)"""
+    """Q and dO of the next step are copied back to back, before the current step's matmuls.
+    (Barriers written into the loop once stopped the software pipeliner that then made these
+    copies, and every step waited for its own loads: K, wait, V, wait, Q, wait, dO, wait.)"""
     from jfa_prof.kernels import bwd
 
     variant = {v.name: v for v in bwd.bwd_variants()}[name]
@@ -234,3 +234,27 @@ def test_backward_prefetches_the_next_query_block(name):
     assert len(gaps) >= 3  # K, V, then Q / dO at least once
     # the prologue's first Q / dO pair and the loop's prefetch pair
     assert gaps.count(False) >= 2, gaps
+
+
+def _wgmma_groups_issued_before_a_wait(sass: str) -> list[int]:
+    """For each run of wgmma groups issued with no wgmma wait between them, how many groups it
+    holds (a group ends at the HGMMA that carries `gsb0`)."""
+    runs, n = [], 0
+    for line in sass.splitlines():
+        if "HGMMA" in line and "gsb0" in line:
+            n += 1
+        elif "WARPGROUP.DEPBAR" in line and n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+@pytest.mark.parametrize("name", ["bwd/bcast/bf16/d128/tma2", "bwd/jagged-causal/bf16/d64/tma2"])
+def test_backward_step_issues_matmuls_before_waiting(name):
+    """S^T and dP^T go to the tensor cores together and dV with dK, as the step loop is written.
+    (Software-pipelined at num_stages=2, the step loop had a wgmma wait after every matmul.)"""
+    from jfa_prof.kernels import bwd
+
+    variant = {v.name: v for v in bwd.bwd_variants()}[name]
+    runs = _wgmma_groups_issued_before_a_wait(compile_variant(variant).sass)
+    assert runs and max(runs) >= 2, runs
