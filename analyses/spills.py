@@ -1,4 +1,5 @@
-"""Registers, spills and local memory per compiled kernel variant: the data behind ``jfa-prof spills``.
+"""Registers, spills and local memory per compiled kernel variant, and how its code waits (wgmma
+groups in flight, barriers): the data behind ``jfa-prof spills``.
 
 Inputs are compile results (``jfa_prof.compile.CompileResult``, or anything with the same
 attributes) reduced to ``VariantResources``; outputs are a DataFrame with one row per variant and
@@ -44,6 +45,10 @@ class VariantResources:
     smem_bytes: int = 0  # dynamic shared memory per CTA
     ldl: int = 0  # local-memory load instructions in SASS
     stl: int = 0  # local-memory store instructions in SASS
+    # The most wgmma groups the SASS issues before a wait (1: every matmul waited for right away) and
+    # its barrier instructions; both static counts (`jfa_prof.ptxas.count_waits`).
+    wgmma_in_flight: int = 0
+    barriers: int = 0
     compile_seconds: float | None = None
     cached: bool = False
     warnings: tuple[str, ...] = ()
@@ -58,12 +63,14 @@ def from_result(result: Any) -> VariantResources:
     """Reduce a compile result to the numbers this analysis uses."""
     stats = result.stats
     local = result.local_memory
+    waits = result.waits
     warnings = tuple(dict.fromkeys(w for f in result.functions for w in f.warnings))
     return VariantResources(
         variant=result.variant or result.kernel, kernel=result.kernel, tags=dict(result.tags),
         registers=result.metadata.n_regs, spill_store_bytes=stats.spill_store_bytes,
         spill_load_bytes=stats.spill_load_bytes, stack_bytes=result.metadata.local_bytes,
         smem_bytes=result.metadata.shared, ldl=local.loads, stl=local.stores,
+        wgmma_in_flight=waits.wgmma_in_flight, barriers=waits.barriers,
         compile_seconds=result.compile_seconds, cached=result.cached, warnings=warnings)
 
 
@@ -73,7 +80,7 @@ def failed(variant: str, kernel: str, error: str, tags: Mapping[str, str] | None
 
 # The numeric columns of the table, in display order; also what compare() reports on.
 METRICS: tuple[str, ...] = ("registers", "spill_store_bytes", "spill_load_bytes", "spill_bytes",
-                            "stack_bytes", "smem_bytes", "ldl", "stl")
+                            "stack_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers")
 
 _COLUMNS = ("variant", "kernel") + METRICS + ("compile_seconds", "cached", "warnings", "error")
 
@@ -99,6 +106,8 @@ def spill_table(resources: Iterable[VariantResources]) -> pd.DataFrame:
             "smem_bytes": r.smem_bytes if ok else None,
             "ldl": r.ldl if ok else None,
             "stl": r.stl if ok else None,
+            "wgmma_in_flight": r.wgmma_in_flight if ok else None,
+            "barriers": r.barriers if ok else None,
             "compile_seconds": r.compile_seconds,
             "cached": r.cached,
             "warnings": list(r.warnings),

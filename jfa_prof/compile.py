@@ -38,8 +38,8 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 from jfa_prof.errors import BadInputError, JfaProfError, ToolMissingError
-from jfa_prof.ptxas import (LocalMemoryStats, PtxasFunctionStats, count_local_memory, entry_stats,
-                            parse_ptxas_log)
+from jfa_prof.ptxas import (LocalMemoryStats, PtxasFunctionStats, WaitStats, count_local_memory, count_waits,
+                            entry_stats, parse_ptxas_log)
 
 # Bump when the cached layout or the meaning of a field changes; old entries then miss.
 _CACHE_FORMAT = 3
@@ -127,6 +127,10 @@ class CompileResult:
     @functools.cached_property
     def local_memory(self) -> LocalMemoryStats:
         return count_local_memory(self.sass)
+
+    @functools.cached_property
+    def waits(self) -> WaitStats:
+        return count_waits(self.sass)
 
 
 # ---------------------------------------------------------------------------------------------

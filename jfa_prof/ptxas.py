@@ -1,4 +1,5 @@
-"""Reading what ptxas and cuobjdump say about a compiled kernel: registers, spills, local memory.
+"""Reading what ptxas and cuobjdump say about a compiled kernel: registers, spills, local memory,
+and how its instructions wait.
 
 Two inputs, both plain text so they can come from a live compile or a file someone attached to
 a bug report:
@@ -6,7 +7,9 @@ a bug report:
 - the ``ptxas -v`` log (``parse_ptxas_log``): one record per function ptxas reports on, with its
   registers, spill traffic, stack frame and the performance warnings ptxas attached to it;
 - ``cuobjdump --dump-sass`` output (``count_local_memory``): where the LDL/STL instructions that
-  the spill bytes turn into actually sit, so a spill can be traced to the code around it.
+  the spill bytes turn into actually sit, so a spill can be traced to the code around it; and
+  (``count_waits``) how many wgmma groups the code issues before it waits for them, and how many
+  barriers it holds, including those the compiler inserted that the source never wrote.
 
 Standard library only.
 """
@@ -275,3 +278,42 @@ def count_local_memory(sass_text: str, context_lines: int = 2) -> LocalMemorySta
         loads=loads, stores=len(sites) - loads, sites=tuple(sites),
         per_function={fn: (c[0], c[1]) for fn, c in per_function.items()},
         instructions=len(instrs))
+
+
+@dataclass(frozen=True)
+class WaitStats:
+    """How a kernel's SASS waits, counted statically (each instruction once, loops not unrolled)."""
+
+    wgmma_groups: int  # wgmma groups issued: HGMMA instructions that close a group (`gsb0`)
+    wgmma_waits: int  # WARPGROUP.DEPBAR: waits for earlier groups
+    # The most groups issued between two waits. 1 means every matmul is waited for before the next
+    # one starts, so no two ever overlap, whatever the source asked for.
+    wgmma_in_flight: int
+    barriers: int  # BAR.SYNC: CTA-wide or named barriers, written in the source or inserted
+
+
+def count_waits(sass_text: str) -> WaitStats:
+    """Count wgmma groups, the waits between them and barriers in ``cuobjdump --dump-sass`` text.
+
+    Raises ``PtxasLogError`` when the text contains no SASS instructions.
+    """
+    if not isinstance(sass_text, str):
+        raise PtxasLogError(f"expected SASS text, got {type(sass_text).__name__}")
+    groups = waits = barriers = most = run = 0
+    seen = False
+    for m in _SASS_INSTR.finditer(sass_text):
+        seen = True
+        op = m.group("op")
+        if op.startswith("HGMMA") and "gsb0" in m.group("rest"):
+            groups += 1
+            run += 1
+            most = max(most, run)
+        elif op.startswith("WARPGROUP.DEPBAR"):
+            waits += 1
+            run = 0
+        elif op.startswith("BAR.SYNC"):
+            barriers += 1
+    if not seen:
+        raise PtxasLogError("no SASS instructions found: expected cuobjdump --dump-sass output "
+                            "with lines such as '/*0040*/ HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24, gsb0 ;'")
+    return WaitStats(wgmma_groups=groups, wgmma_waits=waits, wgmma_in_flight=most, barriers=barriers)

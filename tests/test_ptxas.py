@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from jfa_prof.errors import BadInputError
-from jfa_prof.ptxas import PtxasLogError, count_local_memory, entry_stats, parse_ptxas_log
+from jfa_prof.ptxas import PtxasLogError, count_local_memory, count_waits, entry_stats, parse_ptxas_log
 
 DATA = Path(__file__).parent / "data" / "ptxas"
 
@@ -193,3 +193,30 @@ def test_predicated_and_wide_local_accesses():
 def test_sass_garbage_is_rejected(text):
     with pytest.raises(PtxasLogError, match="no SASS instructions"):
         count_local_memory(text)
+
+
+def _sass(*instrs: str) -> str:
+    return "\n".join(["\tcode for sm_90a", "\t\tFunction : k"]
+                     + [f"        /*{16 * i:04x}*/                   {x} ;" for i, x in enumerate(instrs)])
+
+
+def test_waits_count_groups_issued_before_each_wait():
+    overlapped = _sass(
+        "WARPGROUP.ARRIVE", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24, gsb0",  # closes group 1
+        "HGMMA.64x64x16.F32.BF16 R56, gdesc[UR12], R56, gsb0",  # group 2, issued before any wait
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1", "BAR.SYNC.DEFER_BLOCKING 0x0",
+        "HGMMA.64x128x16.F32.BF16 R88, R120, gdesc[UR16].tnspB, R88, gsb0",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0", "BAR.SYNC.DEFER_BLOCKING 0x2, 0x80", "EXIT")
+    w = count_waits(overlapped)
+    assert (w.wgmma_groups, w.wgmma_waits, w.wgmma_in_flight, w.barriers) == (3, 2, 2, 2)
+    serialized = _sass(
+        "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "HGMMA.64x64x16.F32.BF16 R56, gdesc[UR12], R56, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "EXIT")
+    assert count_waits(serialized).wgmma_in_flight == 1
+    assert count_waits(_sass("LDC R1, c[0x0][0x28]", "EXIT")).wgmma_in_flight == 0
+
+
+def test_waits_refuse_text_without_sass():
+    with pytest.raises(PtxasLogError, match="no SASS instructions"):
+        count_waits("ptxas info    : Used 40 registers")

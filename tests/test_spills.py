@@ -25,7 +25,7 @@ def _res(variant, **kw):
 
 
 PEEL = _res("fwd/bcast/peel", registers=168, spill_store_bytes=188, spill_load_bytes=184, stack_bytes=80,
-            smem_bytes=229688, ldl=46, stl=47, compile_seconds=9.04, cached=True)
+            smem_bytes=229688, ldl=46, stl=47, wgmma_in_flight=2, barriers=31, compile_seconds=9.04, cached=True)
 NOPEEL = _res("fwd/bcast/nopeel", tags={"pass": "fwd", "peel": "false"}, registers=168, spill_store_bytes=248,
               spill_load_bytes=228, stack_bytes=88, smem_bytes=229688, ldl=57, stl=62, compile_seconds=8.2,
               warnings=(WGMMA_NOTE,))
@@ -116,13 +116,15 @@ def test_render_table():
     assert "registers and spills, sm_90a: 2 of 4 variants spill, 1 failed to compile" in text
     lines = text.splitlines()
     peel = next(ln for ln in lines if ln.lstrip().startswith("fwd/bcast/peel"))
-    assert peel.split()[1:] == ["168", "188", "184", "80", "224.3", "46", "47", "9.0"]
+    # registers, spill bytes (stores + loads), smem KiB, LDL, STL, wgmma groups in flight, barriers, build s
+    assert peel.split()[1:] == ["168", "372", "224.3", "46", "47", "2", "31", "9.0"]
     nopeel = next(ln for ln in lines if ln.lstrip().startswith("fwd/bcast/nopeel"))
     assert nopeel.split()[1:3] == ["[1]", "168"]
     clean_line = next(ln for ln in lines if ln.lstrip().startswith("fwd/clean"))
-    assert clean_line.split()[1:8] == ["255", "0", "0", "0", "1.0", "0", "0"]
+    assert clean_line.split()[1:8] == ["255", "0", "1.0", "0", "0", "0", "0"]
     broken_line = next(ln for ln in lines if ln.lstrip().startswith("bwd/x"))
     assert broken_line.split()[1:] == ["[2]"] + ["-"] * 8
+    assert "1: every matmul waited for before the next" in text
     assert f"[1] ptxas: {WGMMA_NOTE}" in text
     assert "[2] failed: ptxas rejected _jfa_bwd: boom" in text
     assert "from the compile cache" in text
@@ -146,6 +148,7 @@ def test_render_comparison():
     assert rows["spill bytes"][-3:] == ["476", "372", "-104"]
     assert rows["regs"][-3:] == ["168", "168", "0"]
     assert rows["smem KiB"][-3:] == ["224.3", "224.3", "0"]
+    assert rows["mma flight"][-3:] == ["0", "2", "+2"] and rows["BAR"][-3:] == ["0", "31", "+31"]
     assert "B frees 104 spill bytes per thread" in text
     assert f"only A: ptxas: {WGMMA_NOTE}" in text
 
@@ -156,10 +159,12 @@ def test_json_forms():
     assert data["target"] == "sm_90a"
     first, failed = data["variants"]
     assert first["spill_bytes"] == 372 and first["peel"] == "true" and first["compile_seconds"] == 9.04
+    assert (first["stack_bytes"], first["wgmma_in_flight"], first["barriers"]) == (80, 2, 31)
     assert failed["registers"] is None and failed["error"] == "boom"
     cmp = json.loads(render.to_json(render.comparison_to_dict(analysis.compare(NOPEEL, PEEL), target="sm_90a")))
     by_metric = {m["metric"]: m for m in cmp["metrics"]}
     assert by_metric["spill_bytes"] == {"metric": "spill_bytes", "a": 476, "b": 372, "delta": -104}
+    assert by_metric["wgmma_in_flight"]["delta"] == 2
     assert cmp["tag_differences"] == {"peel": ["false", "true"]}
 
 
@@ -216,6 +221,8 @@ def test_cli_json(cli_variants):
     assert 64 < ws["registers"] <= 255 and ws["spill_bytes"] == 0 and ws["ldl"] == ws["stl"] == 0
     assert hog["registers"] <= 64 and hog["spill_bytes"] > 0 and hog["ldl"] > 0 and hog["stl"] > 0
     assert hog["stack_bytes"] > 0 and ws["smem_bytes"] > 0
+    # the GEMM's matmuls are wgmma groups; the hog has none
+    assert ws["wgmma_in_flight"] >= 1 and hog["wgmma_in_flight"] == 0
     assert all(v["compile_seconds"] > 0 and v["error"] is None for v in data["variants"])
     again = json.loads(_invoke("--json").stdout)
     assert all(v["cached"] for v in again["variants"])

@@ -1,4 +1,4 @@
-"""``jfa-prof spills``: registers, spills and local memory of every kernel variant, compiled here."""
+"""``jfa-prof spills``: registers, spills, local memory and waits of every kernel variant, compiled here."""
 from __future__ import annotations
 
 import os
@@ -24,7 +24,9 @@ def spills(
                                                              "(0: one per core, up to 8)."),
 ) -> None:
     """Compile the kernel variants for the target - no GPU needed - and report registers, spill
-    bytes, stack, shared memory and the LDL/STL instructions in the SASS.
+    bytes, stack, shared memory and the LDL/STL instructions in the SASS, and how the SASS waits:
+    the most wgmma groups it issues before a wait (1: no two matmuls ever overlap, whatever the
+    source asked for) and its barriers, the compiler's included.
 
     Only the first run pays for compiling: results are cached in $JFA_PROF_CACHE/compile.
 

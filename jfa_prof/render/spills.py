@@ -22,10 +22,14 @@ _LABELS = {
     "smem_bytes": "smem\nKiB",
     "ldl": "LDL",
     "stl": "STL",
+    "wgmma_in_flight": "mma\nflight",
+    "barriers": "BAR",
 }
-# The table leaves out the spill total (stores + loads, in the JSON) to fit 80 columns.
-_TABLE_METRICS = ("registers", "spill_store_bytes", "spill_load_bytes", "stack_bytes", "smem_bytes",
-                  "ldl", "stl")
+# More is better for these: a rise is drawn green in a comparison.
+_MORE_IS_BETTER = {"wgmma_in_flight"}
+# The table shows the spill total; its stores and loads, and the stack frame the spills live in, are
+# in the JSON (80 columns hold no more).
+_TABLE_METRICS = ("registers", "spill_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers")
 # Hopper's register file gives each thread at most 255; a kernel at the cap is likely to spill
 # on the next change.
 _REG_CAP = 255
@@ -52,7 +56,8 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
     """One row per variant, spilling ones highlighted; ptxas's warnings and compile failures as
     numbered notes under the table, marked after the variant name.
 
-    Byte columns are per thread (spills, stack) or per CTA (smem).
+    Byte columns are per thread (spills) or per CTA (smem). A kernel whose matmuls never
+    overlap (one wgmma group in flight at most) has that count highlighted.
     """
     out = _console(console, file, width)
     n_spill = int((table["spill_bytes"].fillna(0) > 0).sum())
@@ -86,12 +91,17 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
             for i, m in enumerate(_TABLE_METRICS):
                 if m.startswith("spill") or m in ("ldl", "stl"):
                     cells[i] = f"[bold yellow]{cells[i]}[/]"
+        flight = _TABLE_METRICS.index("wgmma_in_flight")
+        if r["wgmma_in_flight"] == 1:
+            cells[flight] = f"[bold yellow]{cells[flight]}[/]"
         secs = "-" if _missing(r["compile_seconds"]) else f"{r['compile_seconds']:.1f}"
         if r["cached"]:
             secs = f"[dim]{secs}[/]"
         name = f"[yellow]{escape(r['variant'])}[/]" if spills else escape(r["variant"])
         t.add_row(name + marks(["ptxas: " + w for w in r["warnings"]]), *cells, secs)
     out.print(t)
+    out.print("[dim]mma flight: the most wgmma groups issued before a wait (1: every matmul waited for before "
+              "the next, none overlap); BAR: barrier instructions, the compiler's included[/]")
     if table["cached"].any():
         out.print("[dim]dim build times: from the compile cache, as measured when first built[/]")
     for text, n in notes.items():
@@ -101,7 +111,8 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
 
 def render_comparison(cmp: SpillComparison, *, console: Console | None = None, file: TextIO | None = None,
                       width: int | None = None) -> None:
-    """B against A, metric by metric; a change is green when B needs less."""
+    """B against A, metric by metric; a change is green when B needs less (or, for wgmma groups in
+    flight, overlaps more)."""
     out = _console(console, file, width)
     out.print(f"A  {escape(cmp.a.variant)}")
     out.print(f"B  {escape(cmp.b.variant)}")
@@ -120,7 +131,8 @@ def render_comparison(cmp: SpillComparison, *, console: Console | None = None, f
             change = "0"
         else:
             shown = f"{delta / 1024:+.1f}" if d.metric == "smem_bytes" else f"{delta:+d}"
-            change = f"[{'green' if delta < 0 else 'red'}]{shown}[/]"
+            better = delta > 0 if d.metric in _MORE_IS_BETTER else delta < 0
+            change = f"[{'green' if better else 'red'}]{shown}[/]"
         t.add_row(_LABELS[d.metric].replace("\n", " "), _fmt(d.metric, d.a), _fmt(d.metric, d.b), change)
     out.print(t)
     freed = cmp.delta("spill_bytes")
