@@ -640,12 +640,13 @@ def test_backward_reports_after_the_spill_fix():
         assert b["duration"] < a["duration"] and b["tensor_pipe"] > a["tensor_pipe"]
 
 
-def test_backward_report_after_the_step_loop_stopped_waiting_per_matmul():
-    """hsp 256/2048/0.5 once the step loop was no longer software-pipelined (commit ceea4e8), whose
-    pipeliner had put a wgmma wait after every matmul: shorter, a busier tensor pipe, and fewer
-    cycles stalled at barriers (warps no longer idle together in every wait)."""
-    a = analysis.read_report(DATA / "bwd_tma_e90798f.ncu-rep").kernel("_jfa_bwd")
-    b = analysis.read_report(DATA / "bwd_tma_ceea4e8.ncu-rep").kernel("_jfa_bwd")
+@pytest.mark.parametrize("point", ["bwd_tma", "bwd_tma_dense"])
+def test_backward_report_after_the_step_loop_stopped_waiting_per_matmul(point):
+    """hsp 256/2048/0.5 and the dense shape once the step loop was no longer software-pipelined
+    (commit ceea4e8), whose pipeliner had put a wgmma wait after every matmul: shorter, a busier
+    tensor pipe, and fewer cycles stalled at barriers (warps no longer idle together in every wait)."""
+    a = analysis.read_report(DATA / f"{point}_e90798f.ncu-rep").kernel("_jfa_bwd")
+    b = analysis.read_report(DATA / f"{point}_ceea4e8.ncu-rep").kernel("_jfa_bwd")
     assert b.metrics["duration"] < 0.95 * a.metrics["duration"]
     assert b.metrics["tensor_pipe"] > a.metrics["tensor_pipe"]
     assert b.stalls["barrier"] < 0.8 * a.stalls["barrier"]
