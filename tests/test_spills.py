@@ -149,8 +149,19 @@ def test_render_comparison():
     assert rows["regs"][-3:] == ["168", "168", "0"]
     assert rows["smem KiB"][-3:] == ["224.3", "224.3", "0"]
     assert rows["mma flight"][-3:] == ["0", "2", "+2"] and rows["BAR"][-3:] == ["0", "31", "+31"]
+    assert "overlaps" not in text  # A has no matmuls at all: nothing to say
     assert "B frees 104 spill bytes per thread" in text
     assert f"only A: ptxas: {WGMMA_NOTE}" in text
+
+
+def test_render_comparison_says_when_matmuls_stop_overlapping():
+    serial = _res("bwd/stages2", wgmma_in_flight=1)
+    overlapped = _res("bwd/stages1", wgmma_in_flight=3)
+    for a, b, line in ((serial, overlapped, "B overlaps its matmuls (3 wgmma groups in flight); A waits for each one"),
+                       (overlapped, serial, "B waits for each matmul before the next (3 wgmma groups in flight in A)")):
+        console = _console()
+        render.render_comparison(analysis.compare(a, b), console=console)
+        assert line in console.file.getvalue()
 
 
 def test_json_forms():

@@ -142,6 +142,11 @@ def render_comparison(cmp: SpillComparison, *, console: Console | None = None, f
         out.print(f"[red]B spills {freed} bytes more per thread[/]")
     elif freed == 0:
         out.print("same spill bytes")
+    a_flight, b_flight = (None if r.error is not None else r.wgmma_in_flight for r in (cmp.a, cmp.b))
+    if a_flight == 1 and b_flight and b_flight > 1:
+        out.print(f"[green]B overlaps its matmuls ({b_flight} wgmma groups in flight); A waits for each one[/]")
+    elif b_flight == 1 and a_flight and a_flight > 1:
+        out.print(f"[red]B waits for each matmul before the next ({a_flight} wgmma groups in flight in A)[/]")
     for label, ws in (("only A", cmp.warnings_only_in_a), ("only B", cmp.warnings_only_in_b)):
         for w in ws:
             out.print(f"[yellow]{label}:[/] ptxas: {escape(w)}")
