@@ -8,10 +8,10 @@ the two helper kernels are plain Triton. Kernels:
   KV block. Its first program also builds the main kernel's tile list (below).
 - `_jfa_bwd`: persistent. Its tiles are the valid (batch, kv head, KV block of `BLOCK_N` keys)
   triples, block-innermost; the list is a prefix sum of KV blocks per sequence built on the GPU
-  (no host sync), decoded by binary search, so empty sequences make no tiles. Tiles are dealt
-  round-robin, or (dynamic) taken from an atomic queue. A tile keeps its K and V block resident,
-  walks the query heads of the kv head's group and, for each, the query blocks that can see
-  this KV block, recomputing P from Q, K and the saved log-sum-exp. dK and dV are summed over the
+  (no host sync), searched from the previous tile's batch on (`_find_tile`), so empty sequences
+  make no tiles. Tiles are dealt round-robin, or (dynamic) taken from an atomic queue. A tile
+  keeps its K and V block resident, walks the query heads of the kv head's group and, for each,
+  the query blocks that can see this KV block, recomputing P from Q, K and the saved log-sum-exp. dK and dV are summed over the
   whole group in registers and written once, so GQA needs no second reduction pass.
   Per step (one query block of one head): S^T = K Q^T and dP^T = V dO^T go to the tensor cores
   together and P^T is computed while dP^T runs; dS^T goes to shared memory while dV += P^T dO and
@@ -195,8 +195,8 @@ def _find_tile(t, tile_cum, B, H_kv, b_from):
     t's batch is at or after `b_from`, the batch of the program's previous tile. One vector load of
     the next `_SEARCH` prefix-sum entries usually holds it: t's batch is the first whose tiles end
     past t. Only a jump beyond them falls back to a binary search of the rest, whose ten-odd
-    dependent loads each wait a full memory latency (with 4-step tiles that search had been a
-    quarter of the kernel's stall cycles)."""
+    dependent loads each wait a full memory latency. (A binary search for every tile had been
+    1.05-1.09x slower on four HSP points: benchmarks/results/bwd_ab_window_decode_*.)"""
     pos = tl.arange(0, _SEARCH)
     idx = b_from + pos
     ends = tl.load(tile_cum + 1 + idx, mask=idx < B, other=0)

@@ -30,6 +30,7 @@ _MORE_IS_BETTER = {"wgmma_in_flight"}
 # The table shows the spill total; its stores and loads, and the stack frame the spills live in, are
 # in the JSON (80 columns hold no more).
 _TABLE_METRICS = ("registers", "spill_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers")
+_FLIGHT = _TABLE_METRICS.index("wgmma_in_flight")
 # Hopper's register file gives each thread at most 255; a kernel at the cap is likely to spill
 # on the next change.
 _REG_CAP = 255
@@ -91,9 +92,8 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
             for i, m in enumerate(_TABLE_METRICS):
                 if m.startswith("spill") or m in ("ldl", "stl"):
                     cells[i] = f"[bold yellow]{cells[i]}[/]"
-        flight = _TABLE_METRICS.index("wgmma_in_flight")
         if r["wgmma_in_flight"] == 1:
-            cells[flight] = f"[bold yellow]{cells[flight]}[/]"
+            cells[_FLIGHT] = f"[bold yellow]{cells[_FLIGHT]}[/]"
         secs = "-" if _missing(r["compile_seconds"]) else f"{r['compile_seconds']:.1f}"
         if r["cached"]:
             secs = f"[dim]{secs}[/]"
