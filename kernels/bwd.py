@@ -11,8 +11,9 @@ the two helper kernels are plain Triton. Kernels:
   (no host sync), searched from the previous tile's batch on (`_find_tile`), so empty sequences
   make no tiles. Tiles are dealt round-robin, or (dynamic) taken from an atomic queue. A tile
   keeps its K and V block resident, walks the query heads of the kv head's group and, for each,
-  the query blocks that can see this KV block, recomputing P from Q, K and the saved log-sum-exp. dK and dV are summed over the
-  whole group in registers and written once, so GQA needs no second reduction pass.
+  the query blocks that can see this KV block, recomputing P from Q, K and the saved
+  log-sum-exp. dK and dV are summed over the whole group in registers and written once, so GQA
+  needs no second reduction pass.
   Per step (one query block of one head): S^T = K Q^T and dP^T = V dO^T go to the tensor cores
   together and P^T is computed while dP^T runs; dS^T goes to shared memory while dV += P^T dO and
   dK += dS^T Q run, then dQ^T = K^T dS^T; the next step's Q and dO are copied in meanwhile (two
