@@ -231,6 +231,17 @@ _SASS_INSTR = re.compile(
 _LOCAL_OPS = ("LDL", "STL")
 
 
+def _sass_instructions(sass_text: str) -> list[re.Match]:
+    """The instructions of ``cuobjdump --dump-sass`` text; ``PtxasLogError`` when there are none."""
+    if not isinstance(sass_text, str):
+        raise PtxasLogError(f"expected SASS text, got {type(sass_text).__name__}")
+    instrs = list(_SASS_INSTR.finditer(sass_text))
+    if not instrs:
+        raise PtxasLogError("no SASS instructions found: expected cuobjdump --dump-sass output "
+                            "with lines such as '/*0040*/ LDL R2, [R1+0x8] ;'")
+    return instrs
+
+
 def count_local_memory(sass_text: str, context_lines: int = 2) -> LocalMemoryStats:
     """Count LDL (local loads) and STL (local stores) in ``cuobjdump --dump-sass`` text and say where
     each one is. Spilled registers live in local memory, so these are the spill and refill points
@@ -238,15 +249,10 @@ def count_local_memory(sass_text: str, context_lines: int = 2) -> LocalMemorySta
 
     Raises ``PtxasLogError`` when the text contains no SASS instructions.
     """
-    if not isinstance(sass_text, str):
-        raise PtxasLogError(f"expected SASS text, got {type(sass_text).__name__}")
+    instrs = _sass_instructions(sass_text)
     # A kernel's SASS runs to tens of thousands of lines and `spills` reads one per variant:
     # scan with whole-text regexes and only look closely at the few local-memory sites.
     functions = [(m.start(), m.group(1)) for m in _SASS_FUNCTION.finditer(sass_text)]
-    instrs = list(_SASS_INSTR.finditer(sass_text))
-    if not instrs:
-        raise PtxasLogError("no SASS instructions found: expected cuobjdump --dump-sass output "
-                            "with lines such as '/*0040*/ LDL R2, [R1+0x8] ;'")
     starts = [pos for pos, _ in functions]
 
     def function_at(pos: int) -> str:
@@ -297,12 +303,8 @@ def count_waits(sass_text: str) -> WaitStats:
 
     Raises ``PtxasLogError`` when the text contains no SASS instructions.
     """
-    if not isinstance(sass_text, str):
-        raise PtxasLogError(f"expected SASS text, got {type(sass_text).__name__}")
     groups = waits = barriers = most = run = 0
-    seen = False
-    for m in _SASS_INSTR.finditer(sass_text):
-        seen = True
+    for m in _sass_instructions(sass_text):
         op = m.group("op")
         if op.startswith("HGMMA") and "gsb0" in m.group("rest"):
             groups += 1
@@ -313,7 +315,4 @@ def count_waits(sass_text: str) -> WaitStats:
             run = 0
         elif op.startswith("BAR.SYNC"):
             barriers += 1
-    if not seen:
-        raise PtxasLogError("no SASS instructions found: expected cuobjdump --dump-sass output "
-                            "with lines such as '/*0040*/ HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24, gsb0 ;'")
     return WaitStats(wgmma_groups=groups, wgmma_waits=waits, wgmma_in_flight=most, barriers=barriers)

@@ -3,7 +3,6 @@ with independently generated kernel runs."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -158,8 +157,7 @@ def test_backward_recordings_show_a_fixed_cost_per_tile():
     """Two H200 recordings of the backward (commit ceea4e8), 2-step tiles (Lq=128) and 4-step tiles
     (Lq=256): fit together, a tile costs a fixed part beyond its steps (its K / V load, the dK / dV
     stores) that is over a quarter of a 2-step tile."""
-    data = Path(__file__).parent / "data" / "traces"
-    tiles = [read_trace(data / f"h200_bwd_hsp_{p}_static_ceea4e8.jfatrace").tiles
+    tiles = [read_trace(tracegen.DATA_DIR / "traces" / f"h200_bwd_hsp_{p}_static_ceea4e8.jfatrace").tiles
              for p in ("lq128_kv1024_s0.1", "lq256_kv2048_s0.5")]
     assert [sorted(t["n_blocks"].unique()) for t in tiles] == [[2], [4]]
     # Durations, not pitches: the two recordings share CTA numbers but not a clock origin.

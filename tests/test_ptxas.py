@@ -189,10 +189,11 @@ def test_predicated_and_wide_local_accesses():
     ]
 
 
+@pytest.mark.parametrize("count", [count_local_memory, count_waits])
 @pytest.mark.parametrize("text", ["", "not sass at all", _log("ws_gemm_sm90a.log")])
-def test_sass_garbage_is_rejected(text):
+def test_sass_garbage_is_rejected(text, count):
     with pytest.raises(PtxasLogError, match="no SASS instructions"):
-        count_local_memory(text)
+        count(text)
 
 
 def _sass(*instrs: str) -> str:
@@ -215,8 +216,3 @@ def test_waits_count_groups_issued_before_each_wait():
         "HGMMA.64x64x16.F32.BF16 R56, gdesc[UR12], R56, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "EXIT")
     assert count_waits(serialized).wgmma_in_flight == 1
     assert count_waits(_sass("LDC R1, c[0x0][0x28]", "EXIT")).wgmma_in_flight == 0
-
-
-def test_waits_refuse_text_without_sass():
-    with pytest.raises(PtxasLogError, match="no SASS instructions"):
-        count_waits("ptxas info    : Used 40 registers")
