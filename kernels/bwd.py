@@ -6,18 +6,24 @@ the two helper kernels are plain Triton. Kernels:
 - `_jfa_bwd_delta`: delta = rowsum(dO * O) in fp32, `[H, rows]` like the log-sum-exp. It is the
   row term of the softmax gradient, dS = P * (dP - delta), computed once instead of once per
   KV block. Its first program also builds the main kernel's tile list (below).
-- `_jfa_bwd`: persistent. Its tiles are the valid (batch, kv head, KV block of `BLOCK_N` keys)
-  triples, block-innermost; the list is a prefix sum of KV blocks per sequence built on the GPU
-  (no host sync), searched from the previous tile's batch on (`_find_tile`), so empty sequences
-  make no tiles. Tiles are dealt round-robin, or (dynamic) taken from an atomic queue. A tile
-  keeps its K and V block resident, walks the query heads of the kv head's group and, for each,
-  the query blocks that can see this KV block, recomputing P from Q, K and the saved
+- `_jfa_bwd`: persistent and warp-specialized. Its tiles are the valid (batch, kv head, KV block of
+  `BLOCK_N` keys) triples, block-innermost; the list is a prefix sum of KV blocks per sequence built
+  on the GPU (no host sync), searched from the previous tile's batch on (`_find_tile`), so empty
+  sequences make no tiles. Tiles are dealt round-robin, or (dynamic) taken from an atomic queue. A
+  tile keeps its K and V block resident, walks the query heads of the kv head's group and, for
+  each, the query blocks that can see this KV block, recomputing P from Q, K and the saved
   log-sum-exp. dK and dV are summed over the whole group in registers and written once, so GQA
   needs no second reduction pass.
-  Per step (one query block of one head): S^T = K Q^T and dP^T = V dO^T go to the tensor cores
-  together and P^T is computed while dP^T runs; dS^T goes to shared memory while dV += P^T dO and
-  dK += dS^T Q run, then dQ^T = K^T dS^T; the next step's Q and dO are copied in meanwhile (two
-  slots).
+  Roles: a producer warpgroup (few registers) decodes the tiles and hands each to the consumers
+  through a shared-memory mailbox, copies K / V per tile and Q / dO (with the rows' log-sum-exp
+  and delta) per step into two slots, a step ahead, and issues the dQ reduce-adds. Two consumer
+  warpgroups (240 registers each) own 64 of the tile's keys each. Per step (one query block of one
+  head): S^T = K Q^T and dP^T = V dO^T go to the tensor cores together and P^T is computed while
+  dP^T runs; dS^T goes to shared memory while dV += P^T dO and dK += dS^T Q run, then
+  dQ^T = K^T dS^T, which needs both consumers' halves of dS^T (a named barrier between the two).
+  Against the same step run by two warpgroups that also issued the copies and the reduce-adds
+  (8 warps, no producer): 1.06-1.14x faster on the H200
+  (benchmarks/results/bwd_ab_warp_specialized_*).
 - dQ is a sum over KV blocks (and, for broadcast-Q, over the batch too, since every sequence
   reads the same Q rows), accumulated in fp32 `[rows, H * D]` and converted by the launcher.
   `DQ_MODE` picks how:
@@ -28,8 +34,8 @@ the two helper kernels are plain Triton. Kernels:
   none: `_jfa_bwd` computes no dQ and `_jfa_bwd_dq` computes it deterministically (fixed order,
   no atomics; it recomputes P and dP, three more matmuls per block).
 
-Q, dO, K and V arrive by TMA (descriptor loads into shared memory, one mbarrier for K and V,
-one per Q / dO slot): no address or mask registers, and the rows a block reads past its
+Q, dO, K and V arrive by TMA (descriptor loads into shared memory, full / empty mbarriers per
+buffer): no address or mask registers in the consumers, and the rows a block reads past its
 sequence's end (the next sequence's) are masked out of P.
 
 The tiles are computed transposed (keys on the rows): P^T and dS^T are then the register
@@ -41,9 +47,10 @@ window |i - j| <= W, causal bottom-right j <= i + Lk - Lq. Peeled as in the forw
 flag in the one loop: a block wholly inside both sequences, with no window or causal rule, skips
 the mask arithmetic.
 
-Instrumentation (`PROFILE`, `jfa_prof.records` layout): one tile record per tile (BLOCK is the
-KV block, N_BLOCKS the query blocks visited), one span per program (role "compute"), and at
-level 2 the cycles spent in the dQ staging's wait-and-refill (site "dq_stage").
+Instrumentation (`PROFILE`, `jfa_prof.records` layout), all from the first consumer: one tile
+record per tile (BLOCK is the KV block, N_BLOCKS the query blocks visited), one span per program
+(role "compute"), and at level 2 the cycles spent waiting for a free dQ staging buffer (site
+"dq_stage").
 """
 import os
 
@@ -63,7 +70,8 @@ BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
 # H200 over three HSP points (benchmarks/results/bwd_variants_*.json). At D = 128 it leaves ptxas a few
 # registers short: see the opaque buffer views in the step loop (`jfa-prof spills --kernel bwd`).
 BLOCK_M = 64
-NUM_WARPS = 8  # two warpgroups: each owns 64 of the block's keys in every wgmma
+NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
+CONSUMER_REGS = tl.constexpr(240)  # per consumer thread (setmaxnreg); the producer keeps the rest
 # Triton's software pipelining depth for the main kernel: 1, none. Its copies are written out, and
 # at 2 the pipeliner, unable to pipeline the step loop's asynchronous wgmmas, waited for each right
 # after issuing it (a wgmma wait(0) after every matmul in the SASS): S^T and dP^T ran one after the
@@ -225,64 +233,118 @@ def _find_tile(t, tile_cum, B, H_kv, b_from):
     return b, r // n_blocks, r % n_blocks
 
 
+# Named barriers (ids 0..8 are left to the compiler).
+_STEP_BAR = tl.constexpr(9)  # + step parity: both consumers' halves of dS^T are in shared memory
+_EPI_BAR = tl.constexpr(11)  # both consumers are past the tile's last dQ^T matmul, which reads all of K
+_WG_BAR = tl.constexpr(12)  # + consumer id: one consumer warpgroup's own barrier
+_PRODUCER_BAR = tl.constexpr(14)  # the producer warpgroup's own barrier (mailbox hand-off)
+_CONSUMER_THREADS = tl.constexpr(256)
+_WARPGROUP_THREADS = tl.constexpr(128)
+# The tile mailbox: four fields (batch, -1 once the tiles are exhausted; kv head; KV block; tile
+# index) of 32 words each, so that each producer thread stores one word and no two store to one address.
+_BOX_WORDS = tl.constexpr(128)
+_FIELD_WORDS = tl.constexpr(32)
+
+
 @triton.jit
-def _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, H, h, q_row0, m0, m_ok, n_stored,
-              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, DQ_MODE: tl.constexpr, DQ_STAGES: tl.constexpr,
-              NO_REDUCE: tl.constexpr):
-    """Add a query block's dQ^T [HEAD_DIM, BLOCK_M] (fp32) into the [rows, H * HEAD_DIM] accumulator.
-    NO_REDUCE (an ablation) overwrites instead: the bytes move, the sums are wrong."""
-    if DQ_MODE == DQ_ATOMIC:
-        offs = (q_row0 + m0 + tl.arange(0, BLOCK_M))[None, :].to(tl.int64) * (H * HEAD_DIM) \
-            + (h * HEAD_DIM + tl.arange(0, HEAD_DIM))[:, None]
-        if NO_REDUCE:
-            tl.store(dq_ptr + offs, dq_t, mask=m_ok[None, :])
-        else:
-            # Relaxed: only the sum matters, and it is read after the kernel ends.
-            tl.atomic_add(dq_ptr + offs, dq_t, mask=m_ok[None, :], sem="relaxed")
+def _post_tile(box, full, empty, n, b, kvh, blk, t):
+    """Producer: hand the n-th tile (batch b < 0: none left) to both consumers through box slot n % 2."""
+    tlx.barrier_wait(empty[n % 2], ((n // 2) & 1) ^ 1)
+    word = tl.arange(0, _BOX_WORDS)
+    field = word // _FIELD_WORDS
+    vals = tl.where(field == 0, b, tl.where(field == 1, kvh, tl.where(field == 2, blk, t)))
+    tlx.local_store(box[n % 2], vals)
+    # Every producer thread's word is in before the one elected thread signals the box full.
+    tlx.named_barrier_wait(_PRODUCER_BAR, _WARPGROUP_THREADS)
+    tlx.barrier_arrive(full[n % 2], 1)
+
+
+@triton.jit
+def _take_tile(box, full, empty, n, cid: tl.constexpr):
+    """Consumer: read the n-th tile, and give the slot back once every thread of the warpgroup has."""
+    tlx.barrier_wait(full[n % 2], (n // 2) & 1)
+    slot = box[n % 2]
+    b = tl.sum(tlx.local_load(tlx.local_slice(slot, [0], [1])), 0)
+    kvh = tl.sum(tlx.local_load(tlx.local_slice(slot, [_FIELD_WORDS], [1])), 0)
+    blk = tl.sum(tlx.local_load(tlx.local_slice(slot, [2 * _FIELD_WORDS], [1])), 0)
+    t = tl.sum(tlx.local_load(tlx.local_slice(slot, [3 * _FIELD_WORDS], [1])), 0)
+    tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
+    tlx.barrier_arrive(empty[n % 2], 1)
+    return b, kvh, blk, t
+
+
+@triton.jit
+def _sequence(b, q_offsets, kv_offsets, Lq_bcast, BROADCAST_Q: tl.constexpr):
+    """(first key row, key count, query count, first Q row, first O / dO / lse row) of batch b."""
+    kv_start = tl.load(kv_offsets + b)
+    Lk = tl.load(kv_offsets + b + 1) - kv_start
+    if BROADCAST_Q:
+        return kv_start, Lk, Lq_bcast, 0, b * Lq_bcast  # every sequence reads Q rows [0, Lq)
     else:
-        # TMA reduce-add from shared memory, DQ_STAGES buffers deep: the bulk copy of one block
-        # runs while the next block is computed. A buffer is refilled only once the copy that
-        # last read it has (at most DQ_STAGES - 1 newer copies in flight); the thread that issued
-        # the copies waits, and a CTA barrier holds the others until it has. Triton's shared-memory
-        # hazard analysis places that barrier (and the one between the store and the copy) itself.
-        # (Written out, in a build that still software-pipelined the step loop, they stopped the
-        # pipeliner's prefetch of the step's loads: 4-9% slower, benchmarks/results/bwd_variants_*pipelined*.)
-        # The buffer is [BLOCK_M, HEAD_DIM], like the accumulator's rows, so a box may start on any
-        # row (a jagged sequence's first): dQ^T goes in through a transposed view. Rows past the
-        # sequence end add exactly zero (their dS is zero), so the box needs no mask even where
-        # those rows are the next sequence's; past the tensor's end TMA clips it.
-        buf = tlx.local_view(dq_stage, n_stored % DQ_STAGES)
-        tlx.async_descriptor_store_wait(DQ_STAGES - 1)
-        tlx.local_store(tlx.local_trans(buf), dq_t)
-        tlx.fence_async_shared()
-        if NO_REDUCE:
-            tlx.async_descriptor_store(dq_desc, buf, [q_row0 + m0, h * HEAD_DIM])
-        else:
-            tlx.async_descriptor_store(dq_desc, buf, [q_row0 + m0, h * HEAD_DIM], store_reduce="add")
-    return n_stored + 1
+        q_row0 = tl.load(q_offsets + b)
+        return kv_start, Lk, tl.load(q_offsets + b + 1) - q_row0, q_row0, q_row0
 
 
 @triton.jit
-def _store_rows(buf, ptr, row_stride, n_rows, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Rows [0, n_rows) of a [ROWS, HEAD_DIM] shared-memory tile to `ptr`, _STORE_ROWS rows at a time
-    (a chunk's pointers fit in a few registers)."""
+def _reduce_dq(dq_desc, dq_stage, fulls, empties, s, row, col, DQ_STAGES: tl.constexpr, NO_REDUCE: tl.constexpr):
+    """Producer: add step s's dQ block, staged by the consumers, into the fp32 accumulator with a
+    TMA reduce-add; then give back the staging buffer whose copy has finished reading it (at most
+    DQ_STAGES - 1 newer copies stay in flight). NO_REDUCE (an ablation) overwrites instead."""
+    idx = s % DQ_STAGES
+    tlx.barrier_wait(fulls[idx], (s // DQ_STAGES) & 1)
+    # The box may start on any row (a jagged sequence's first): rows past the sequence end add
+    # exactly zero (their dS is zero), so it needs no mask; past the tensor's end TMA clips it.
+    if NO_REDUCE:
+        tlx.async_descriptor_store(dq_desc, dq_stage[idx], [row, col])
+    else:
+        tlx.async_descriptor_store(dq_desc, dq_stage[idx], [row, col], store_reduce="add")
+    tlx.async_descriptor_store_wait(DQ_STAGES - 1)
+    done = s - (DQ_STAGES - 1)
+    if done >= 0:
+        tlx.barrier_arrive(empties[done % DQ_STAGES], 1)
+
+
+@triton.jit
+def _stage_dq(dq_stage, fulls, empties, s, dq_t, col0, cid: tl.constexpr, cycles, count, ARRIVALS: tl.constexpr,
+              DQ_STAGES: tl.constexpr, PROFILE: tl.constexpr):
+    """Consumer: write dQ^T rows [col0, col0 + rows) of step s into its staging buffer for the
+    producer's reduce-add. ARRIVALS: 1 when each consumer writes half, 2 when one writes it all.
+    At PROFILE level 2, the wait for a free buffer is timed (site "dq_stage")."""
+    idx = s % DQ_STAGES
+    cycles, count = prof.timed_wait(empties[idx], ((s // DQ_STAGES) & 1) ^ 1, cycles, count, PROFILE)
+    # The buffer is [BLOCK_M, HEAD_DIM] like the accumulator's rows; dQ^T goes in transposed.
+    cols = tlx.local_slice(dq_stage[idx], [0, col0], [dq_t.shape[1], dq_t.shape[0]])
+    tlx.local_store(tlx.local_trans(cols), dq_t)
+    tlx.fence_async_shared()
+    tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
+    for _ in tl.static_range(ARRIVALS):
+        tlx.barrier_arrive(fulls[idx], 1)
+    return cycles, count
+
+
+@triton.jit
+def _add_dq_atomic(dq_ptr, dq_t, H, h, col0, q_row, m_ok, HEAD_DIM: tl.constexpr, NO_REDUCE: tl.constexpr):
+    """Consumer: add dQ^T rows [col0, col0 + rows) of one query block by per-element fp32 atomics."""
+    ROWS: tl.constexpr = dq_t.shape[0]
+    BLOCK_M: tl.constexpr = dq_t.shape[1]
+    offs = (q_row + tl.arange(0, BLOCK_M))[None, :].to(tl.int64) * (H * HEAD_DIM) \
+        + (h * HEAD_DIM + col0 + tl.arange(0, ROWS))[:, None]
+    if NO_REDUCE:
+        tl.store(dq_ptr + offs, dq_t, mask=m_ok[None, :])
+    else:
+        # Relaxed: only the sum matters, and it is read after the kernel ends.
+        tl.atomic_add(dq_ptr + offs, dq_t, mask=m_ok[None, :], sem="relaxed")
+
+
+@triton.jit
+def _store_rows(buf, row0: tl.constexpr, ptr, row_stride, n_rows, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rows [row0, row0 + min(n_rows, ROWS)) of a [*, HEAD_DIM] shared-memory tile to `ptr`, _STORE_ROWS
+    rows at a time (a chunk's pointers fit in a few registers)."""
     cols = tl.arange(0, HEAD_DIM)
     for c in tl.static_range(ROWS // _STORE_ROWS):
         rows = c * _STORE_ROWS + tl.arange(0, _STORE_ROWS)
-        chunk = tlx.local_load(tlx.local_slice(buf, [c * _STORE_ROWS, 0], [_STORE_ROWS, HEAD_DIM]))
+        chunk = tlx.local_load(tlx.local_slice(buf, [row0 + c * _STORE_ROWS, 0], [_STORE_ROWS, HEAD_DIM]))
         tl.store(ptr + rows[:, None] * row_stride + cols[None, :], chunk, mask=(rows < n_rows)[:, None])
-
-
-@triton.jit
-def _load_step(q_desc, do_desc, q_bufs, do_bufs, bars, slot, i, n_m, m_lo, kvh, GROUP, q_row0, o_row0,
-               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Start the copies of step i's Q and dO blocks (query head kvh * GROUP + i // n_m, query block
-    m_lo + i % n_m) into `slot`; one barrier counts both."""
-    h = kvh * GROUP + i // n_m
-    m0 = (m_lo + i % n_m) * BLOCK_M
-    tlx.barrier_expect_bytes(bars[slot], 2 * BLOCK_M * HEAD_DIM * tlx.size_of(tlx.dtype_of(q_desc)))
-    tlx.async_descriptor_load(q_desc, q_bufs[slot], [q_row0 + m0, h * HEAD_DIM], bars[slot])
-    tlx.async_descriptor_load(do_desc, do_bufs[slot], [o_row0 + m0, h * HEAD_DIM], bars[slot])
 
 
 # Lengths, head counts and the window change from batch to batch: specializing on their values
@@ -301,187 +363,243 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     NO_DQ: tl.constexpr = (ABLATE & 1) != 0 or DQ_MODE == DQ_NONE
     NO_REDUCE: tl.constexpr = (ABLATE & 2) != 0
     NO_MASK: tl.constexpr = (ABLATE & 4) != 0
+    HALF: tl.constexpr = BLOCK_N // 2  # keys per consumer
+    # dQ^T [HEAD_DIM, BLOCK_M] = K^T dS^T: at HEAD_DIM = 128 each consumer computes half its rows
+    # every step; at 64, too few rows to split, the consumers take turns computing all of it.
+    SPLIT_DQ: tl.constexpr = HEAD_DIM >= 2 * 64
     H_kv = H // GROUP
     n_tiles = tl.load(tile_cum + B) * H_kv
     pid = tl.program_id(0)
     n_progs = tl.num_programs(0)
     # The tile's K and V stay resident; each step's Q and dO blocks arrive in one of two slots, the
-    # next step's copy running while this one computes; dS^T goes through shared memory (two slots)
-    # as the B operand of the dQ matmul.
+    # next step's copies running while this one computes; dS^T goes through shared memory (two
+    # slots) as the B operand of the dQ matmul, dQ through DQ_STAGES fp32 staging buffers.
     k_buf = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1)
     v_buf = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1)
     q_bufs = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, 2)
     do_bufs = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, 2)
-    kv_bar = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
-    step_bars = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    # The step's log-sum-exp and delta rows come with its Q and dO: read from shared memory where
+    # they are used, they hold no registers across the step's first matmuls.
+    lse_bufs = tlx.local_alloc((BLOCK_M, ), tl.float32, 2)
+    delta_bufs = tlx.local_alloc((BLOCK_M, ), tl.float32, 2)
+    box = tlx.local_alloc((_BOX_WORDS, ), tl.int32, 2)
+    kv_fulls = tlx.alloc_barriers(num_barriers=1, arrive_count=1)
+    kv_empties = tlx.alloc_barriers(num_barriers=1, arrive_count=2)
+    step_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=2)  # the copies, and the statistics' stores
+    step_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=2)
+    box_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    box_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=2)
     if not NO_DQ:
         ds_bufs = tlx.local_alloc((BLOCK_N, BLOCK_M), dtype, 2)
     if DQ_MODE == DQ_TMA:
         dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, DQ_STAGES)
-    else:
-        dq_stage = 0
-    n_stored = 0
-    step = 0  # steps done by this program: slot and phase of step_bars
-    n_tiles_done = 0  # phase of kv_bar
-    if PROFILE:
-        sm, span_t0, span_c0 = prof.span_start()
-        dq_wait = tl.zeros([], tl.int64)
-        dq_waits = tl.zeros([], tl.int64)
-    # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.
-    # Dealt round-robin, or (DYNAMIC) taken from a queue as programs free up (each program takes its
-    # next tile when it starts one). Each tile is decoded while the one before it runs: the search's
-    # loads then wait behind that tile's copies, not in front of them. (Also fetching the next tile's
-    # K and V into L2 with a TMA prefetch, and storing whole dK / dV blocks by TMA, measured 1-3%
-    # slower on three HSP points: benchmarks/results/bwd_variants_boundary_*.)
-    if DYNAMIC:
-        t = tl.atomic_add(queue, 1, sem="relaxed")
-    else:
-        t = pid
-    b_next = 0
-    kvh_next = 0
-    blk_next = 0
-    if t < n_tiles:
-        b_next, kvh_next, blk_next = _find_tile(t, tile_cum, B, H_kv, 0)
-    while t < n_tiles:
-        if PROFILE:
-            t0 = prof.globaltimer()
-            c0 = tlx.clock64()
-        b = b_next
-        kvh = kvh_next
-        blk = blk_next
-        kv_start = tl.load(kv_offsets + b)
-        Lk = tl.load(kv_offsets + b + 1) - kv_start
-        n0 = blk * BLOCK_N
-        if BROADCAST_Q:
-            Lq = Lq_bcast
-            q_row0 = 0  # every sequence reads Q rows [0, Lq) ...
-            o_row0 = b * Lq_bcast  # ... and owns its own O / dO / lse rows
-        else:
-            q_row0 = tl.load(q_offsets + b)
-            Lq = tl.load(q_offsets + b + 1) - q_row0
-            o_row0 = q_row0
-        n_ids = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n_ids < Lk
-        kv_base = _head_base(kv_start + n0, H_kv, kvh, HEAD_DIM)
-        m_lo, m_hi = _query_block_range(n0, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
-        n_m = m_hi - m_lo
-        n_steps = GROUP * n_m
-        # Every warp is done with the previous tile's matmuls before its K and V are overwritten.
-        tl.debug_barrier()
-        # K, V and the first step's Q and dO: four copies in flight at once. Rows past the sequence
-        # end hold the next sequence's keys (zeros past the tensor's end); the mask zeroes their
-        # P, and their dK / dV rows are never stored.
-        tlx.barrier_expect_bytes(kv_bar[0], 2 * BLOCK_N * HEAD_DIM * tlx.size_of(dtype))
-        tlx.async_descriptor_load(k_desc, k_buf[0], [kv_start + n0, kvh * HEAD_DIM], kv_bar[0])
-        tlx.async_descriptor_load(v_desc, v_buf[0], [kv_start + n0, kvh * HEAD_DIM], kv_bar[0])
-        if n_steps > 0:
-            _load_step(q_desc, do_desc, q_bufs, do_bufs, step_bars, step % 2, 0, n_m, m_lo, kvh, GROUP, q_row0,
-                       o_row0, HEAD_DIM, BLOCK_M)
-        if DYNAMIC:
-            t_next = tl.atomic_add(queue, 1, sem="relaxed")
-        else:
-            t_next = t + n_progs
-        if t_next < n_tiles:
-            b_next, kvh_next, blk_next = _find_tile(t_next, tile_cum, B, H_kv, b)
-        qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
-        kv_full = n0 + BLOCK_N <= Lk
-        dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        tlx.barrier_wait(kv_bar[0], n_tiles_done & 1)
-        for i in range(n_steps):
-            slot = step % 2
-            h = kvh * GROUP + i // n_m
-            m0 = (m_lo + i % n_m) * BLOCK_M
-            m_ids = m0 + tl.arange(0, BLOCK_M)
-            m_ok = m_ids < Lq
-            stat_offs = h.to(tl.int64) * total_rows + o_row0 + m_ids
-            lse = tl.load(lse_ptr + stat_offs, mask=m_ok, other=0.0)
-            delta = tl.load(delta_ptr + stat_offs, mask=m_ok, other=0.0)
-            tlx.barrier_wait(step_bars[slot], (step // 2) & 1)
-            # Buffer views through an opaque index: the compiler then rebuilds each wgmma's shared-memory
-            # descriptors inside the step (an add and a mask each) instead of computing ~40 of them
-            # before the loop and keeping them, which left too few registers and spilled them to local
-            # memory, reloaded every step: 240 -> 4 spilled bytes per thread at D = 128, and the
-            # kernel 1.10-1.17x faster on the H200 (benchmarks/results/bwd_ab_*).
-            slot_o = _opaque(slot)
-            k_s = k_buf[_opaque(0)]
-            v_s = v_buf[_opaque(0)]
-            q_s = q_bufs[slot_o]
-            do_s = do_bufs[slot_o]
-            # S^T = K Q^T and dP^T = V dO^T go to the tensor cores together; P^T is computed while
-            # dP^T runs. (Issuing dV before dP^T is waited for holds P^T's registers longer: more spills.)
-            qk_t = tlx.async_dot(k_s, tlx.local_trans(q_s))
-            dp_t = tlx.async_dot(v_s, tlx.local_trans(do_s))
-            qk_t = tlx.async_dot_wait(1, qk_t)
-            # P recomputed from the saved log-sum-exp. A row that saw no key has lse = -inf
-            # and no visible entry, so the select, not the exponential, makes its P zero.
-            p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :] * _LOG2E)
-            # Peeled: a block wholly inside both sequences, with no window or causal rule,
-            # skips the mask arithmetic (a runtime branch, one loop: see fwd's peeling note).
-            if not NO_MASK:
-                if HAS_WINDOW or CAUSAL or not kv_full or m0 + BLOCK_M > Lq:
-                    visible = n_ok[:, None] & m_ok[None, :]
-                    if HAS_WINDOW:
-                        diff = m_ids[None, :] - n_ids[:, None]
-                        visible = visible & (diff <= window) & (diff >= -window)
-                    if CAUSAL:
-                        visible = visible & (n_ids[:, None] <= m_ids[None, :] + (Lk - Lq))
-                    p_t = tl.where(visible, p_t, 0.0)
-            dp_t = tlx.async_dot_wait(0, dp_t)
-            ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
-            dv = tlx.async_dot(p_t.to(dtype), do_s, dv)
-            dk = tlx.async_dot(ds_t, q_s, dk)
-            if not NO_DQ:
-                ds_s = ds_bufs[slot_o]
-                tlx.local_store(ds_s, ds_t)
-                tlx.fence("async_shared")
-            # Every warp has finished the previous step (its matmuls were waited for), so the next
-            # step's Q and dO may overwrite the slot that step read; and this step's dS^T is whole.
-            tl.debug_barrier()
-            if i + 1 < n_steps:
-                _load_step(q_desc, do_desc, q_bufs, do_bufs, step_bars, (step + 1) % 2, i + 1, n_m, m_lo, kvh,
-                           GROUP, q_row0, o_row0, HEAD_DIM, BLOCK_M)
-            if not NO_DQ:
-                # dQ^T = K^T dS^T keeps the block's 128 keys as the reduction dimension and the
-                # head dim as wgmma's M.
-                dq_t = tlx.async_dot(tlx.local_trans(k_s), ds_s)
-                dq_t = tlx.async_dot_wait(0, dq_t) * sm_scale
-                if PROFILE >= 2 and DQ_MODE == DQ_TMA:
-                    w0 = tlx.clock64()
-                n_stored = _store_dq(dq_ptr, dq_desc, dq_stage, dq_t, H, h, q_row0, m0, m_ok, n_stored,
-                                     HEAD_DIM, BLOCK_M, DQ_MODE, DQ_STAGES, NO_REDUCE)
-                if PROFILE >= 2 and DQ_MODE == DQ_TMA:
-                    dq_wait += tlx.clock64() - w0
-                    dq_waits += 1
-            dv = tlx.async_dot_wait(0, dv)
-            dk = tlx.async_dot_wait(0, dk)
-            step += 1
-        n_tiles_done += 1
-        # dK and dV leave through the K and V buffers, free once every warp is past the last
-        # matmul: written from the accumulators' layout, read back in row chunks in a layout that
-        # stores coalesced. (Converting in registers would take a 32 KB scratch buffer the kernel
-        # has no room for.) Keys no query sees still get their (zero) rows written: dK and dV come
-        # from torch.empty; rows past the sequence end belong to the next sequence and are skipped.
-        tl.debug_barrier()
-        tlx.local_store(k_buf[0], (dk * sm_scale).to(dtype))
-        tlx.local_store(v_buf[0], dv.to(dtype))
-        tl.debug_barrier()
-        # The head count goes through `_opaque` so the chunks' offsets are built per tile, not
-        # hoisted out of the persistent loop into registers the accumulators need.
-        row_stride = _opaque(dkv_heads) * HEAD_DIM
-        _store_rows(k_buf[0], dk_ptr + kv_base, row_stride, Lk - n0, BLOCK_N, HEAD_DIM)
-        _store_rows(v_buf[0], dv_ptr + kv_base, row_stride, Lk - n0, BLOCK_N, HEAD_DIM)
-        if PROFILE:
-            prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, sm, t, b, kvh, blk, Lk,
-                            n_steps, t0, prof.globaltimer(), c0, tlx.clock64(), 0)
-        t = t_next
-    if DQ_MODE == DQ_TMA:
-        tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
-    if PROFILE:
-        prof.write_span(rec_ptr, spans_off, pid, 0, 1, sm, span_t0, prof.globaltimer(), span_c0, tlx.clock64(),
-                        n_tiles_done)
-        if PROFILE >= 2:
-            prof.write_wait(rec_ptr, waits_off, pid, 0, 1, 0, 1, dq_wait, dq_waits)
+        dq_fulls = tlx.alloc_barriers(num_barriers=DQ_STAGES, arrive_count=2)
+        dq_empties = tlx.alloc_barriers(num_barriers=DQ_STAGES, arrive_count=1)
+
+    with tlx.async_tasks():
+        # ----------------------------------------------------------------------------------
+        # Producer: decodes the tiles and hands them out; TMA copies of K / V per tile and Q / dO
+        # per step; the dQ reduce-adds.
+        # ----------------------------------------------------------------------------------
+        with tlx.async_task("default"):
+            # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.
+            # Dealt round-robin, or (DYNAMIC) taken from a queue as producers ask for their next.
+            if DYNAMIC:
+                t = tl.atomic_add(queue, 1, sem="relaxed")
+            else:
+                t = pid
+            b = 0
+            step = 0
+            n_posted = 0
+            dq_row = 0
+            dq_col = 0
+            while t < n_tiles:
+                b, kvh, blk = _find_tile(t, tile_cum, B, H_kv, b)
+                _post_tile(box, box_fulls, box_empties, n_posted, b, kvh, blk, t)
+                kv_start, Lk, Lq, q_row0, o_row0 = _sequence(b, q_offsets, kv_offsets, Lq_bcast, BROADCAST_Q)
+                n0 = blk * BLOCK_N
+                m_lo, m_hi = _query_block_range(n0, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+                n_m = m_hi - m_lo
+                # K and V go where the consumers staged the previous tile's dK and dV. Rows past the
+                # sequence end hold the next sequence's keys (zeros past the tensor's end): the mask
+                # zeroes their P, and their dK / dV rows are never stored.
+                tlx.barrier_wait(kv_empties[0], (n_posted & 1) ^ 1)
+                tlx.barrier_expect_bytes(kv_fulls[0], 2 * BLOCK_N * HEAD_DIM * tlx.size_of(dtype))
+                tlx.async_descriptor_load(k_desc, k_buf[0], [kv_start + n0, kvh * HEAD_DIM], kv_fulls[0])
+                tlx.async_descriptor_load(v_desc, v_buf[0], [kv_start + n0, kvh * HEAD_DIM], kv_fulls[0])
+                for i in range(GROUP * n_m):
+                    slot = step % 2
+                    h = kvh * GROUP + i // n_m
+                    m0 = (m_lo + i % n_m) * BLOCK_M
+                    tlx.barrier_wait(step_empties[slot], ((step // 2) & 1) ^ 1)
+                    tlx.barrier_expect_bytes(step_fulls[slot], 2 * BLOCK_M * HEAD_DIM * tlx.size_of(dtype))
+                    tlx.async_descriptor_load(q_desc, q_bufs[slot], [q_row0 + m0, h * HEAD_DIM], step_fulls[slot])
+                    tlx.async_descriptor_load(do_desc, do_bufs[slot], [o_row0 + m0, h * HEAD_DIM], step_fulls[slot])
+                    # The rows' log-sum-exp and delta, one per producer thread. (Not by TMA: a copy's
+                    # first element must be 16-byte aligned, and a jagged sequence's rows start anywhere.)
+                    m_ids = m0 + tl.arange(0, BLOCK_M)
+                    stat_offs = h.to(tl.int64) * total_rows + o_row0 + m_ids
+                    tlx.local_store(lse_bufs[slot], tl.load(lse_ptr + stat_offs, mask=m_ids < Lq, other=0.0))
+                    tlx.local_store(delta_bufs[slot], tl.load(delta_ptr + stat_offs, mask=m_ids < Lq, other=0.0))
+                    tlx.named_barrier_wait(_PRODUCER_BAR, _WARPGROUP_THREADS)
+                    tlx.barrier_arrive(step_fulls[slot], 1)
+                    if DQ_MODE == DQ_TMA and not NO_DQ:
+                        # The previous step's dQ, now that this step's copies are on their way.
+                        if step > 0:
+                            _reduce_dq(dq_desc, dq_stage, dq_fulls, dq_empties, step - 1, dq_row, dq_col,
+                                       DQ_STAGES, NO_REDUCE)
+                        dq_row = q_row0 + m0
+                        dq_col = h * HEAD_DIM
+                    step += 1
+                n_posted += 1
+                if DYNAMIC:
+                    t = tl.atomic_add(queue, 1, sem="relaxed")
+                else:
+                    t += n_progs
+            _post_tile(box, box_fulls, box_empties, n_posted, -1, 0, 0, 0)
+            if DQ_MODE == DQ_TMA and not NO_DQ:
+                if step > 0:
+                    _reduce_dq(dq_desc, dq_stage, dq_fulls, dq_empties, step - 1, dq_row, dq_col, DQ_STAGES,
+                               NO_REDUCE)
+                tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
+
+        # ----------------------------------------------------------------------------------
+        # Consumers: warpgroup `cid` owns keys [cid * HALF, (cid + 1) * HALF) of the tile: their
+        # rows of S^T, dP^T, dS^T, dK and dV.
+        # ----------------------------------------------------------------------------------
+        with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
+            cid: tl.constexpr = tlx.async_task_replica_id()
+            if PROFILE:
+                sm, span_t0, span_c0 = prof.span_start()
+            dq_wait = tl.zeros([], tl.int64)
+            dq_waits = tl.zeros([], tl.int64)
+            qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
+            step = 0
+            n_done = 0
+            b, kvh, blk, t = _take_tile(box, box_fulls, box_empties, 0, cid)
+            while b >= 0:
+                if PROFILE:
+                    t0 = prof.globaltimer()
+                    c0 = tlx.clock64()
+                kv_start, Lk, Lq, q_row0, o_row0 = _sequence(b, q_offsets, kv_offsets, Lq_bcast, BROADCAST_Q)
+                n0 = blk * BLOCK_N
+                k0 = n0 + cid * HALF  # this consumer's first key
+                n_ids = k0 + tl.arange(0, HALF)
+                n_ok = n_ids < Lk
+                m_lo, m_hi = _query_block_range(n0, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+                n_m = m_hi - m_lo
+                kv_whole = n0 + BLOCK_N <= Lk
+                dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
+                tlx.barrier_wait(kv_fulls[0], n_done & 1)
+                for i in range(GROUP * n_m):
+                    slot = step % 2
+                    h = kvh * GROUP + i // n_m
+                    m0 = (m_lo + i % n_m) * BLOCK_M
+                    m_ids = m0 + tl.arange(0, BLOCK_M)
+                    m_ok = m_ids < Lq
+                    tlx.barrier_wait(step_fulls[slot], (step // 2) & 1)
+                    # Buffer views through an opaque index: the compiler then rebuilds each wgmma's
+                    # shared-memory descriptors inside the step (an add and a mask each) instead of
+                    # computing them all before the loop and keeping them in registers the
+                    # accumulators need (at D = 128 that spilled, and was 1.10-1.17x slower on the
+                    # H200: benchmarks/results/bwd_ab_opaque_views_*).
+                    slot_o = _opaque(slot)
+                    k_all = k_buf[_opaque(0)]
+                    k_s = tlx.local_slice(k_all, [cid * HALF, 0], [HALF, HEAD_DIM])
+                    v_s = tlx.local_slice(v_buf[_opaque(0)], [cid * HALF, 0], [HALF, HEAD_DIM])
+                    q_s = q_bufs[slot_o]
+                    do_s = do_bufs[slot_o]
+                    # S^T = K Q^T and dP^T = V dO^T go to the tensor cores together; P^T is computed
+                    # while dP^T runs.
+                    qk_t = tlx.async_dot(k_s, tlx.local_trans(q_s))
+                    dp_t = tlx.async_dot(v_s, tlx.local_trans(do_s))
+                    qk_t = tlx.async_dot_wait(1, qk_t)
+                    # P recomputed from the saved log-sum-exp. A row that saw no key has lse = -inf
+                    # and no visible entry, so the select, not the exponential, makes its P zero.
+                    lse = tlx.local_load(lse_bufs[slot_o])
+                    p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :] * _LOG2E)
+                    # Peeled: a block wholly inside both sequences, with no window or causal rule,
+                    # skips the mask arithmetic (a runtime branch, one loop: see fwd's peeling note).
+                    if not NO_MASK:
+                        if HAS_WINDOW or CAUSAL or not kv_whole or m0 + BLOCK_M > Lq:
+                            visible = n_ok[:, None] & m_ok[None, :]
+                            if HAS_WINDOW:
+                                diff = m_ids[None, :] - n_ids[:, None]
+                                visible = visible & (diff <= window) & (diff >= -window)
+                            if CAUSAL:
+                                visible = visible & (n_ids[:, None] <= m_ids[None, :] + (Lk - Lq))
+                            p_t = tl.where(visible, p_t, 0.0)
+                    dp_t = tlx.async_dot_wait(0, dp_t)
+                    delta = tlx.local_load(delta_bufs[slot_o])
+                    ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
+                    dv = tlx.async_dot(p_t.to(dtype), do_s, dv)
+                    dk = tlx.async_dot(ds_t, q_s, dk)
+                    if not NO_DQ:
+                        ds_all = ds_bufs[slot_o]
+                        tlx.local_store(tlx.local_slice(ds_all, [cid * HALF, 0], [HALF, BLOCK_M]), ds_t)
+                        tlx.fence("async_shared")
+                        if SPLIT_DQ or slot == cid:
+                            # SPLIT_DQ: dQ^T rows [cid * HALF, ...) = K[:, those columns]^T dS^T; else
+                            # this consumer's turn to compute all of dQ^T. Either way over all 128
+                            # keys, so both halves of dS^T must be in.
+                            tlx.named_barrier_wait(_STEP_BAR + slot, _CONSUMER_THREADS)
+                            if SPLIT_DQ:
+                                k_cols = tlx.local_slice(k_all, [0, cid * HALF], [BLOCK_N, HALF])
+                            else:
+                                k_cols = k_all
+                            dq_t = tlx.async_dot(tlx.local_trans(k_cols), ds_all)
+                            dq_t = tlx.async_dot_wait(0, dq_t) * sm_scale
+                            COL0: tl.constexpr = cid * HALF if SPLIT_DQ else 0
+                            if DQ_MODE == DQ_TMA:
+                                dq_wait, dq_waits = _stage_dq(dq_stage, dq_fulls, dq_empties, step, dq_t, COL0, cid,
+                                                              dq_wait, dq_waits, 1 if SPLIT_DQ else 2, DQ_STAGES,
+                                                              PROFILE)
+                            else:
+                                _add_dq_atomic(dq_ptr, dq_t, H, h, COL0, q_row0 + m0, m_ok, HEAD_DIM, NO_REDUCE)
+                        else:
+                            # Not its turn: its half is in; on to the next step. (The barrier ids
+                            # alternate with the step, so an early arrival cannot count twice.)
+                            tlx.named_barrier_arrive(_STEP_BAR + slot, _CONSUMER_THREADS)
+                    dv = tlx.async_dot_wait(0, dv)
+                    dk = tlx.async_dot_wait(0, dk)
+                    tlx.barrier_arrive(step_empties[slot], 1)  # this step's Q and dO are read
+                    step += 1
+                # dK and dV leave through this consumer's rows of the K and V buffers, once the other
+                # consumer's dQ^T (which reads all of K) is done: written from the accumulators'
+                # layout, read back in row chunks in a layout that stores coalesced. Keys no query sees
+                # still get their (zero) rows written: dK and dV come from torch.empty; rows past the
+                # sequence end belong to the next sequence and are skipped.
+                if not NO_DQ:
+                    tlx.named_barrier_wait(_EPI_BAR, _CONSUMER_THREADS)
+                k_rows = tlx.local_slice(k_buf[0], [cid * HALF, 0], [HALF, HEAD_DIM])
+                v_rows = tlx.local_slice(v_buf[0], [cid * HALF, 0], [HALF, HEAD_DIM])
+                tlx.local_store(k_rows, (dk * sm_scale).to(dtype))
+                tlx.local_store(v_rows, dv.to(dtype))
+                tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
+                # The head count goes through `_opaque` so the chunks' offsets are built per tile,
+                # not hoisted out of the persistent loop into registers the accumulators need.
+                row_stride = _opaque(dkv_heads) * HEAD_DIM
+                kv_base = _head_base(kv_start + k0, H_kv, kvh, HEAD_DIM)
+                _store_rows(k_buf[0], cid * HALF, dk_ptr + kv_base, row_stride, Lk - k0, HALF, HEAD_DIM)
+                _store_rows(v_buf[0], cid * HALF, dv_ptr + kv_base, row_stride, Lk - k0, HALF, HEAD_DIM)
+                # Every thread has read its rows, and its writes are ordered before the copies (another
+                # proxy) that refill them, before the producer may load the next K and V.
+                tlx.fence_async_shared()
+                tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
+                tlx.barrier_arrive(kv_empties[0], 1)
+                if PROFILE:
+                    if cid == 0:
+                        prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, sm, t, b, kvh, blk, Lk,
+                                        GROUP * n_m, t0, prof.globaltimer(), c0, tlx.clock64(), 0)
+                n_done += 1
+                b, kvh, blk, t = _take_tile(box, box_fulls, box_empties, n_done, cid)
+            if PROFILE:
+                if cid == 0:
+                    prof.write_span(rec_ptr, spans_off, pid, 0, 1, sm, span_t0, prof.globaltimer(), span_c0,
+                                    tlx.clock64(), n_done)
+                    if PROFILE >= 2:
+                        prof.write_wait(rec_ptr, waits_off, pid, 0, 1, 0, 1, dq_wait, dq_waits)
 
 
 @triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_q", "batch_chunk"],
