@@ -153,14 +153,28 @@ def test_recorded_trace_prediction(path):
         assert p.comparison.cta_agreement == 1.0  # CTA c takes slots c, c+G, ...
 
 
-def test_backward_recordings_show_a_fixed_cost_per_tile():
-    """Two H200 recordings of the backward (commit ceea4e8), 2-step tiles (Lq=128) and 4-step tiles
-    (Lq=256): fit together, a tile costs a fixed part beyond its steps (its K / V load, the dK / dV
-    stores) that is over a quarter of a 2-step tile."""
-    tiles = [read_trace(tracegen.DATA_DIR / "traces" / f"h200_bwd_hsp_{p}_static_ceea4e8.jfatrace").tiles
+def _backward_cost_model(rev):
+    """Tile durations of two H200 recordings of one backward build, 2-step tiles (Lq=128) and 4-step
+    tiles (Lq=256), fit together: a fixed part per tile plus a part per step."""
+    tiles = [read_trace(tracegen.DATA_DIR / "traces" / f"h200_bwd_hsp_{p}_static_{rev}.jfatrace").tiles
              for p in ("lq128_kv1024_s0.1", "lq256_kv2048_s0.5")]
     assert [sorted(t["n_blocks"].unique()) for t in tiles] == [[2], [4]]
     # Durations, not pitches: the two recordings share CTA numbers but not a clock origin.
-    m = fit_cost_model(pd.concat(tiles), basis="duration")
+    return fit_cost_model(pd.concat(tiles), basis="duration")
+
+
+@pytest.mark.parametrize("rev", ["ceea4e8", "70476de"])
+def test_backward_recordings_show_a_fixed_cost_per_tile(rev):
+    """Before (ceea4e8) and after (70476de) warp specialization: a tile costs a fixed part beyond its
+    steps (its K / V load, the dK / dV stores) that is over a quarter of a 2-step tile."""
+    m = _backward_cost_model(rev)
     assert m.r2 > 0.8 and 1000 < m.a_ns < 6000 and m.b_ns > 0
     assert m.a_ns > 0.25 * m(2)
+
+
+def test_warp_specialization_made_the_steps_cheaper_not_the_tile_boundary():
+    """The producer warpgroup took the copies and the dQ reduce-adds off the consumers: a step got
+    over 10% cheaper, while the fixed cost per tile stayed within 10%."""
+    before, after = _backward_cost_model("ceea4e8"), _backward_cost_model("70476de")
+    assert after.b_ns < 0.9 * before.b_ns
+    assert abs(after.a_ns - before.a_ns) < 0.1 * before.a_ns

@@ -652,3 +652,17 @@ def test_backward_report_after_the_step_loop_stopped_waiting_per_matmul(point):
     assert b.metrics["tensor_pipe"] > a.metrics["tensor_pipe"]
     assert b.stalls["barrier"] < 0.8 * a.stalls["barrier"]
     assert b.metrics["local_load_bytes"] == 0
+
+
+@pytest.mark.parametrize("point", ["bwd_tma", "bwd_tma_dense"])
+def test_backward_report_after_warp_specialization(point):
+    """hsp 256/2048/0.5 and the dense shape once a producer warpgroup took the copies and the dQ
+    reduce-adds off the two consumer warpgroups (commit 70476de): 384 threads at 168 registers (the
+    consumers raise theirs to 240 with setmaxnreg), no local memory, a shorter kernel and a busier
+    tensor pipe."""
+    a = analysis.read_report(DATA / f"{point}_ceea4e8.ncu-rep").kernel("_jfa_bwd").metrics
+    b = analysis.read_report(DATA / f"{point}_70476de.ncu-rep").kernel("_jfa_bwd").metrics
+    assert b["block_size"] == 384 and b["registers"] == 168
+    assert b["local_load_bytes"] == b["local_store_bytes"] == 0
+    assert b["duration"] < 0.92 * a["duration"]
+    assert b["tensor_pipe"] > a["tensor_pipe"] + 5
