@@ -82,9 +82,10 @@ FWD_ROLES = ("producer", "consumer0", "consumer1")
 # Barrier wait sites of the forward kernel; a site is one barrier_wait call in the source.
 # "queue" is the hand-off of the next work-list position (dynamic schedule only).
 FWD_SITES = ("q_empty", "k_empty", "v_empty", "q_full", "k_full", "v_full", "mma_turn", "queue")
-# The backward kernel runs one role; its one wait site is the dQ staging (TMA mode): waiting for
-# the reduce-add that last read a buffer, then refilling it.
-BWD_ROLES = ("compute", )
+# Warp roles of the backward kernel: the producer warpgroup and the two consumers, recorded as one
+# role by the first. Its one wait site is the consumers' (TMA mode): waiting for a free dQ staging
+# buffer, one the producer's reduce-add has finished reading.
+BWD_ROLES = ("producer", "compute")
 BWD_SITES = ("dq_stage", )
 
 

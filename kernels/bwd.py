@@ -47,10 +47,10 @@ window |i - j| <= W, causal bottom-right j <= i + Lk - Lq. Peeled as in the forw
 flag in the one loop: a block wholly inside both sequences, with no window or causal rule, skips
 the mask arithmetic.
 
-Instrumentation (`PROFILE`, `jfa_prof.records` layout), all from the first consumer: one tile
-record per tile (BLOCK is the KV block, N_BLOCKS the query blocks visited), one span per program
-(role "compute"), and at level 2 the cycles spent waiting for a free dQ staging buffer (site
-"dq_stage").
+Instrumentation (`PROFILE`, `jfa_prof.records` layout): a span per program for the producer (role
+"producer") and, from the first consumer, one for the consumers (role "compute"), one tile record
+per tile (BLOCK is the KV block, N_BLOCKS the query blocks visited), and at level 2 the cycles spent
+waiting for a free dQ staging buffer (site "dq_stage").
 """
 import os
 
@@ -110,7 +110,10 @@ ABLATIONS = {
                         "bytes move, nothing is summed"),
     "no_mask": (4, "no mask arithmetic (sequence end, window, causal) on the recomputed P"),
 }
-assert tuple(BWD_ROLES) == ("compute", ) and tuple(BWD_SITES) == ("dq_stage", )
+assert tuple(BWD_ROLES) == ("producer", "compute") and tuple(BWD_SITES) == ("dq_stage", )
+_N_ROLES = tl.constexpr(len(BWD_ROLES))
+_R_PRODUCER = tl.constexpr(0)
+_R_COMPUTE = tl.constexpr(1)
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _STORE_ROWS = tl.constexpr(16)  # dK / dV rows per store: 16 x 128 bf16 is one 16-byte vector per thread
@@ -402,6 +405,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         # per step; the dQ reduce-adds.
         # ----------------------------------------------------------------------------------
         with tlx.async_task("default"):
+            if PROFILE:
+                sm, span_t0, span_c0 = prof.span_start()
             # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.
             # Dealt round-robin, or (DYNAMIC) taken from a queue as producers ask for their next.
             if DYNAMIC:
@@ -462,6 +467,9 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     _reduce_dq(dq_desc, dq_stage, dq_fulls, dq_empties, step - 1, dq_row, dq_col, DQ_STAGES,
                                NO_REDUCE)
                 tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
+            if PROFILE:
+                prof.write_span(rec_ptr, spans_off, pid, _R_PRODUCER, _N_ROLES, sm, span_t0, prof.globaltimer(),
+                                span_c0, tlx.clock64(), n_posted)
 
         # ----------------------------------------------------------------------------------
         # Consumers: warpgroup `cid` owns keys [cid * HALF, (cid + 1) * HALF) of the tile: their
@@ -591,15 +599,15 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 if PROFILE:
                     if cid == 0:
                         prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, sm, t, b, kvh, blk, Lk,
-                                        GROUP * n_m, t0, prof.globaltimer(), c0, tlx.clock64(), 0)
+                                        GROUP * n_m, t0, prof.globaltimer(), c0, tlx.clock64(), _R_COMPUTE)
                 n_done += 1
                 b, kvh, blk, t = _take_tile(box, box_fulls, box_empties, n_done, cid)
             if PROFILE:
                 if cid == 0:
-                    prof.write_span(rec_ptr, spans_off, pid, 0, 1, sm, span_t0, prof.globaltimer(), span_c0,
-                                    tlx.clock64(), n_done)
+                    prof.write_span(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES, sm, span_t0, prof.globaltimer(),
+                                    span_c0, tlx.clock64(), n_done)
                     if PROFILE >= 2:
-                        prof.write_wait(rec_ptr, waits_off, pid, 0, 1, 0, 1, dq_wait, dq_waits)
+                        prof.write_wait(rec_ptr, waits_off, pid, _R_COMPUTE, _N_ROLES, 0, 1, dq_wait, dq_waits)
 
 
 @triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_q", "batch_chunk"],

@@ -151,8 +151,10 @@ def test_instrumentation_records_every_tile_and_changes_no_bit(cuda_device, leve
     assert got == expected and len(tiles) == len(expected) and parts["header"][records.Header.DROPPED] == 0
     assert (tiles[:, records.Tile.T_END] > tiles[:, records.Tile.T_START]).all()
     assert (tiles[:, records.Tile.KV_LEN] == [LENGTHS[int(b)] for b in tiles[:, records.Tile.BATCH]]).all()
-    spans = parts["spans"][:, 0]
-    assert spans[:, records.Span.N_TILES].sum() == len(expected)
+    # Each program's producer hands out, and its consumers compute, the same tiles.
+    for role in records.BWD_ROLES:
+        spans = parts["spans"][:, records.BWD_ROLES.index(role)]
+        assert (spans[:, records.Span.VALID] == 1).all() and spans[:, records.Span.N_TILES].sum() == len(expected)
 
 
 def test_tma_waits_are_recorded_at_level_2(cuda_device):
@@ -161,7 +163,8 @@ def test_tma_waits_are_recorded_at_level_2(cuda_device):
 
     args, kw = _bwd_args(cuda_device)
     *_, rec, launch = bwd_launch_recorded(*args, **kw, dq="tma", profile=2)
-    waits = launch.layout.split(rec.cpu().numpy())["waits"][:, 0, records.BWD_SITES.index("dq_stage")]
+    waits = launch.layout.split(rec.cpu().numpy())["waits"][:, records.BWD_ROLES.index("compute"),
+                                                          records.BWD_SITES.index("dq_stage")]
     from jfa_prof.kernels import bwd
 
     # One staging per query block of every tile (2 heads, Lq = 200).

@@ -282,7 +282,7 @@ def test_recording_metadata_is_what_read_trace_expects():
 
     x = Workload("hsp", B=3, H=2, H_kv=2, D=64, Lq=16, max_kv=40, sparsity=0.5, broadcast_q=True).make("cpu")
     props = SimpleNamespace(name="NVIDIA H200", multi_processor_count=132, major=9, minor=0)
-    layout = Layout(tile_capacity=4, n_ctas=2, n_roles=1, n_sites=1)
+    layout = Layout(tile_capacity=4, n_ctas=2, n_roles=len(BWD_ROLES), n_sites=len(BWD_SITES))
     meta = recording._meta(x, props, "bwd", {"BLOCK_M": 64}, "bwd/bcast/bf16/d64/tma2/static/prof2",
                            layout_meta(layout, BWD_ROLES, BWD_SITES), "static", "round-robin", 2, 4, [1.5, 1.6])
     assert meta["kernel"] == {"name": "_jfa_bwd", "pass": "bwd", "config": {"BLOCK_M": 64},
