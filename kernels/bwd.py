@@ -440,8 +440,9 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     tlx.barrier_expect_bytes(step_fulls[slot], 2 * BLOCK_M * HEAD_DIM * tlx.size_of(dtype))
                     tlx.async_descriptor_load(q_desc, q_bufs[slot], [q_row0 + m0, h * HEAD_DIM], step_fulls[slot])
                     tlx.async_descriptor_load(do_desc, do_bufs[slot], [o_row0 + m0, h * HEAD_DIM], step_fulls[slot])
-                    # The rows' log-sum-exp and delta, one per producer thread. (Not by TMA: a copy's
-                    # first element must be 16-byte aligned, and a jagged sequence's rows start anywhere.)
+                    # The rows' log-sum-exp and delta, one per producer thread. (Copied by 1-D TMA they
+                    # failed on the H200 wherever the step's first row was not 16-byte aligned, as
+                    # jagged sequences' rows are not.)
                     m_ids = m0 + tl.arange(0, BLOCK_M)
                     stat_offs = h.to(tl.int64) * total_rows + o_row0 + m_ids
                     tlx.local_store(lse_bufs[slot], tl.load(lse_ptr + stat_offs, mask=m_ids < Lq, other=0.0))
@@ -510,8 +511,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     # Buffer views through an opaque index: the compiler then rebuilds each wgmma's
                     # shared-memory descriptors inside the step (an add and a mask each) instead of
                     # computing them all before the loop and keeping them in registers the
-                    # accumulators need (at D = 128 that spilled, and was 1.10-1.17x slower on the
-                    # H200: benchmarks/results/bwd_ab_opaque_views_*).
+                    # accumulators need (before warp specialization, at D = 128, that spilled and was
+                    # 1.10-1.17x slower on the H200: benchmarks/results/bwd_ab_opaque_views_*).
                     slot_o = _opaque(slot)
                     k_all = k_buf[_opaque(0)]
                     k_s = tlx.local_slice(k_all, [cid * HALF, 0], [HALF, HEAD_DIM])
