@@ -292,3 +292,15 @@ def test_recording_metadata_is_what_read_trace_expects():
     assert meta["kernel_ms"] == 1.5 and meta["n_work"] == 4 and meta["profile_level"] == 2
     tr = trace_from_buffer(np.zeros(layout.total_words, dtype=np.int64), meta)
     assert tr.schedule == "static" and len(tr.tiles) == 0
+
+
+def test_recorded_warp_specialized_backward_has_both_roles():
+    """A level-2 H200 recording of the warp-specialized backward (commit a5cf585): the producer and
+    the consumers each account for every tile, tile records come from the consumers, and only the
+    consumers wait at the dQ staging site (two query blocks per tile at Lq = 128)."""
+    tr = read_trace(tracegen.DATA_DIR / "traces" / "h200_bwd_hsp_lq128_kv1024_s0.1_static_level2_a5cf585.jfatrace")
+    assert tr.roles == ("producer", "compute") and tr.sites == ("dq_stage", ) and tr.dropped == 0
+    assert tr.spans.groupby("role")["n_tiles"].sum().to_dict() == {"producer": len(tr.tiles), "compute": len(tr.tiles)}
+    assert set(tr.tiles["role_name"]) == {"compute"}
+    waits = tr.waits.groupby("role")["count"].sum()
+    assert waits["producer"] == 0 and waits["compute"] == tr.tiles["n_blocks"].sum()
