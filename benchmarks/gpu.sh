@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants record_bwd host bwd_ab
+#   bwd_variants fwd_variants record_bwd host bwd_ab ncu_prof
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -105,6 +105,15 @@ bwd_ab() {  # other backward builds against the checkout's: BWD_BEFORE="file ...
     i=$((i + 1))
   done
   python benchmarks/bwd_ab.py "${args[@]}" --out "$OUT/bwd_ab.json" 2>&1 | grep -v Warn | tail -8
+}
+ncu_prof() {  # hardware counters of the forward uninstrumented (A) against tile records and spans (B), per schedule
+  for s in ${NCU_SCHEDULES:-static dynamic}; do
+    python -m jfa_prof ncu --schedule $s --vs-profile 1 --grid hsp --lq 256 --max-kv 2048 --sparsity 0.1 \
+      -o "$OUT/fwd_${s}_prof0.ncu-rep" --json > "$OUT/ncu_fwd_${s}_vs_prof1.json" 2> "$OUT/ncu_prof_err_$s.txt"
+    tail -2 "$OUT/ncu_prof_err_$s.txt"
+    python -m jfa_prof ncu --report "$OUT/fwd_${s}_prof0.ncu-rep" --compare "$OUT/fwd_${s}_prof0.vs-$s-prof1.ncu-rep" \
+      --top 12 2>&1 | grep -v Warning | tail -40
+  done
 }
 ncu_bwd() {  # hardware counters of the backward: TMA reduce-add vs atomics for dQ
   python -m jfa_prof ncu --pass bwd --dq tma --vs-dq atomic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 \

@@ -38,7 +38,15 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--launches", type=int, default=20)
+ap.add_argument("--points", nargs="+", metavar="LQ,MAX_KV,SPARSITY",
+                help="HSP points to measure (default: the nine above), e.g. 128,1024,0.1")
+ap.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
 args = ap.parse_args()
+try:
+    points = [(int(lq), int(kv), float(s)) for lq, kv, s in (p.split(",") for p in args.points)] if args.points else POINTS
+except ValueError:
+    ap.error("--points takes LQ,MAX_KV,SPARSITY triples such as 128,1024,0.1")
+schedules = tuple(args.schedules)
 device = timing.require_gpu("the instrumentation overhead benchmark")
 n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -58,13 +66,13 @@ def level0(times: dict) -> float:
 
 
 rows = []
-for lq, kv, s in POINTS:
+for lq, kv, s in points:
     w = select_workload("hsp", Lq=lq, max_kv=kv, sparsity=s)
     x = w.make(device)
     ref = bench.reference_output(x, "fwd")
     row = {"workload": w.label, "flops": x.flops("fwd")}
     calls = {}
-    for schedule in SCHEDULES:
+    for schedule in schedules:
         wl = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, window=None, causal=False,
                            schedule=schedule, n_ctas=n_ctas)
 
@@ -86,7 +94,7 @@ for lq, kv, s in POINTS:
         for name, p in LEVELS:
             calls[(schedule, name)] = lambda p=p, run=run: run(p)
     rounds = timing.alternated(calls, args.rounds, timer=kernel_ms)
-    for schedule in SCHEDULES:
+    for schedule in schedules:
         t = row[schedule]
         k = {name: statistics.median(rounds[(schedule, name)]) for name, _ in LEVELS}
         kbase = level0(k)
@@ -96,15 +104,19 @@ for lq, kv, s in POINTS:
         t["kernel_overhead_waits_pct"] = pct(k["waits"], kbase)
         t["kernel_noise_pct"] = 100 * abs(k["off"] / k["off_again"] - 1)
         t["tflops"] = row["flops"] / kbase / 1e9
-    for schedule in ("lpt", "dynamic"):
+    for schedule in (sch for sch in schedules if sch != "static" and "static" in schedules):
         row[f"{schedule}_speedup_vs_static"] = level0(row["static"]["kernel_ms"]) / level0(row[schedule]["kernel_ms"])
     rows.append(row)
     print(f"{w.label:28s} " + "  ".join(
         f"{sch} {level0(row[sch]['kernel_ms']):.3f} ms "
         f"+{row[sch]['kernel_overhead_tiles_pct']:.1f}%/+{row[sch]['kernel_overhead_waits_pct']:.1f}% "
-        f"(noise {row[sch]['kernel_noise_pct']:.1f}%)" for sch in SCHEDULES), flush=True)
-meta = timing.measurement_meta(command=f"python benchmarks/profile_overhead.py --out {args.out} --rounds {args.rounds} "
-                                      f"--launches {args.launches}")
+        f"(noise {row[sch]['kernel_noise_pct']:.1f}%)" for sch in schedules), flush=True)
+command = f"python benchmarks/profile_overhead.py --out {args.out} --rounds {args.rounds} --launches {args.launches}"
+if args.points:
+    command += " --points " + " ".join(args.points)
+if schedules != tuple(SCHEDULES):
+    command += " --schedules " + " ".join(schedules)
+meta = timing.measurement_meta(command=command)
 meta["timer"] = ("kernel: CUPTI durations, median per round, median of alternated rounds; call: "
                  "triton.testing.do_bench median")
 meta["note"] = ("level 1 records tiles and spans, level 2 adds barrier waits; work lists prebuilt; "

@@ -79,7 +79,7 @@ def ablation_plan(pass_: str = "fwd", names: Sequence[str] | None = None) -> lis
 # launchers: mask -> zero-argument callable that runs the pass once
 # ---------------------------------------------------------------------------------------------
 
-def _fwd_launcher(x, schedule: str) -> Callable[[int], Callable[[], Any]]:
+def _fwd_launcher(x, schedule: str, profile: int = 0) -> Callable[[int], Callable[[], Any]]:
     import torch
 
     from jfa_prof.kernels import fwd
@@ -98,11 +98,11 @@ def _fwd_launcher(x, schedule: str) -> Callable[[int], Callable[[], Any]]:
         # Baseline too goes through ablate= (with 0), so every timing takes the same path.
         return lambda: fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=scale,
                                   window=w.window, causal=w.causal, broadcast_q=w.broadcast_q, schedule=schedule,
-                                  work=work, ablate=mask)
+                                  work=work, ablate=mask, profile=profile)
     return make
 
 
-def _bwd_launcher(x, schedule: str, dq: str | None = None) -> Callable[[int], Callable[[], Any]]:
+def _bwd_launcher(x, schedule: str, dq: str | None = None, profile: int = 0) -> Callable[[int], Callable[[], Any]]:
     from jfa_prof.bench import upstream_grad
     from jfa_prof.kernels.attention import bwd_launch, fwd_launch
 
@@ -118,7 +118,7 @@ def _bwd_launcher(x, schedule: str, dq: str | None = None) -> Callable[[int], Ca
     def make(mask: int) -> Callable[[], Any]:
         return lambda: bwd_launch(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q, x.max_seq_len_kv,
                                   sm_scale=scale, window=w.window, causal=w.causal, broadcast_q=w.broadcast_q,
-                                  dq=dq_mode, dq_stages=stages, schedule=schedule, ablate=mask)
+                                  dq=dq_mode, dq_stages=stages, schedule=schedule, ablate=mask, profile=profile)
     return make
 
 
@@ -164,14 +164,14 @@ def pass_options(pass_: str, schedule: str | None = None, dq: str | None = None,
 
 
 def make_launcher(x, pass_: str = "fwd", schedule: str | None = None,
-                  dq: str | None = None) -> Callable[[int], Callable[[], Any]]:
+                  dq: str | None = None, *, profile: int = 0) -> Callable[[int], Callable[[], Any]]:
     """For inputs ``x`` (:class:`~jfa_prof.inputs.JaggedInputs` on the GPU): a function from an
     ablation mask to a callable that runs ``pass_`` once with those ablations. ``dq`` (backward
-    only) names the dQ reduction of :data:`BWD_DQ`."""
+    only) names the dQ reduction of :data:`BWD_DQ`; ``profile`` is the instrumentation level."""
     schedule = pass_options(pass_, schedule, dq)
     if pass_ == "fwd":
-        return _fwd_launcher(x, schedule)
-    return _bwd_launcher(x, schedule, dq)
+        return _fwd_launcher(x, schedule, profile)
+    return _bwd_launcher(x, schedule, dq, profile)
 
 
 # ---------------------------------------------------------------------------------------------

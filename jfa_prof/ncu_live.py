@@ -75,13 +75,16 @@ class LiveRun:
     seed: int | None = None
     pass_: str = "fwd"
     dq: str | None = None  # backward: the dQ reduction (jfa_prof.ablations.BWD_DQ)
+    profile: int = 0  # instrumentation level (kernels/profiling.py): what it costs shows against level 0
 
     @property
     def tag(self) -> str:
-        """Short name of the variant: ``lpt``, ``lpt-nopeel``, ``bwd-static-tma``."""
+        """Short name of the variant: ``lpt``, ``lpt-nopeel``, ``bwd-static-tma``, ``static-prof1``."""
         if self.pass_ == "bwd":
-            return f"bwd-{self.schedule}-{self.dq}"
-        return self.schedule if self.peel else f"{self.schedule}-nopeel"
+            tag = f"bwd-{self.schedule}-{self.dq}"
+        else:
+            tag = self.schedule if self.peel else f"{self.schedule}-nopeel"
+        return f"{tag}-prof{self.profile}" if self.profile else tag
 
     def target_args(self) -> list[str]:
         args = ["--pass", self.pass_, "--schedule", self.schedule, "--grid", self.grid]
@@ -93,6 +96,8 @@ class LiveRun:
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         if not self.peel:
             args.append("--no-peel")
+        if self.profile:
+            args += ["--profile", str(self.profile)]
         return args
 
 

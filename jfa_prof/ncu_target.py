@@ -35,9 +35,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sparsity", type=float, help="mean length / max")
     ap.add_argument("--seed", type=int, help="seed of the sequence lengths")
     ap.add_argument("--no-peel", action="store_true", help="mask every KV block (no peeled mask tail)")
+    ap.add_argument("--profile", type=int, default=0, help="instrumentation level: 0 off (default), 1 tile "
+                                                           "records and role spans, 2 also barrier waits")
     ap.add_argument("--launches", type=int, default=WARMUP_LAUNCHES + PROFILED_LAUNCHES,
                     help="forward launches in total (default: the ones ncu skips plus the profiled one)")
     return ap
+
+
+PROFILE_LEVELS = (0, 1, 2)
+
+
+def check_profile_level(level: int) -> None:
+    from jfa_prof.errors import BadInputError
+
+    if level not in PROFILE_LEVELS:
+        raise BadInputError(f"unknown instrumentation level {level}",
+                            hint="0 off, 1 tile records and role spans, 2 also barrier waits")
 
 
 def run(args: argparse.Namespace) -> str:
@@ -51,6 +64,7 @@ def run(args: argparse.Namespace) -> str:
     schedule = ablations.pass_options(args.pass_, args.schedule, args.dq)
     if args.launches < 1:
         raise BadInputError(f"--launches must be at least 1, got {args.launches}")
+    check_profile_level(args.profile)
     try:
         workload = select_workload(args.grid, Lq=args.lq, max_kv=args.max_kv, sparsity=args.sparsity,
                                    seed=args.seed)
@@ -66,17 +80,19 @@ def run(args: argparse.Namespace) -> str:
     x = workload.make("cuda")
     if args.pass_ == "bwd":
         # The ablation launcher with no ablation: one forward first, then the backward alone.
-        launch = ablations.make_launcher(x, "bwd", schedule, args.dq)(0)
+        launch = ablations.make_launcher(x, "bwd", schedule, args.dq, profile=args.profile)(0)
     else:
         def launch():
             fwd_launch(x.q, x.k, x.v, None if workload.broadcast_q else x.q_offsets, x.kv_offsets, x.max_seq_len_q,
                        sm_scale=1 / math.sqrt(workload.D), window=workload.window, causal=workload.causal,
-                       broadcast_q=workload.broadcast_q, schedule=schedule, peel=not args.no_peel)
+                       broadcast_q=workload.broadcast_q, schedule=schedule, peel=not args.no_peel,
+                       profile=args.profile)
     for _ in range(args.launches):
         launch()
     torch.cuda.synchronize()
     return (f"{args.pass_} {workload.label} {schedule}{' no-peel' if args.no_peel else ''}"
-            f"{f' dq {args.dq}' if args.dq else ''}: {args.launches} launches")
+            f"{f' dq {args.dq}' if args.dq else ''}{f' profile {args.profile}' if args.profile else ''}: "
+            f"{args.launches} launches")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -406,7 +406,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         # ----------------------------------------------------------------------------------
         with tlx.async_task("default"):
             if PROFILE:
-                sm, span_t0, span_c0 = prof.span_start()
+                prof.span_begin(rec_ptr, spans_off, pid, _R_PRODUCER, _N_ROLES)
             # Tiles in block-innermost order: neighbouring tiles share the batch's Q / dO rows in L2.
             # Dealt round-robin, or (DYNAMIC) taken from a queue as producers ask for their next.
             if DYNAMIC:
@@ -469,8 +469,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                                NO_REDUCE)
                 tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
             if PROFILE:
-                prof.write_span(rec_ptr, spans_off, pid, _R_PRODUCER, _N_ROLES, sm, span_t0, prof.globaltimer(),
-                                span_c0, tlx.clock64(), n_posted)
+                prof.span_end(rec_ptr, spans_off, pid, _R_PRODUCER, _N_ROLES, n_posted)
 
         # ----------------------------------------------------------------------------------
         # Consumers: warpgroup `cid` owns keys [cid * HALF, (cid + 1) * HALF) of the tile: their
@@ -479,7 +478,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if PROFILE:
-                sm, span_t0, span_c0 = prof.span_start()
+                if cid == 0:
+                    prof.span_begin(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES)
             dq_wait = tl.zeros([], tl.int64)
             dq_waits = tl.zeros([], tl.int64)
             qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
@@ -599,14 +599,13 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 tlx.barrier_arrive(kv_empties[0], 1)
                 if PROFILE:
                     if cid == 0:
-                        prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, sm, t, b, kvh, blk, Lk,
+                        prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, prof.smid(), t, b, kvh, blk, Lk,
                                         GROUP * n_m, t0, prof.globaltimer(), c0, tlx.clock64(), _R_COMPUTE)
                 n_done += 1
                 b, kvh, blk, t = _take_tile(box, box_fulls, box_empties, n_done, cid)
             if PROFILE:
                 if cid == 0:
-                    prof.write_span(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES, sm, span_t0, prof.globaltimer(),
-                                    span_c0, tlx.clock64(), n_done)
+                    prof.span_end(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES, n_done)
                     if PROFILE >= 2:
                         prof.write_wait(rec_ptr, waits_off, pid, _R_COMPUTE, _N_ROLES, 0, 1, dq_wait, dq_waits)
 

@@ -260,6 +260,10 @@ def _consume_range(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
     return cnt, p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn
 
 
+# Integer arguments are left to Triton's specialization (unlike the backward's). Unspecialized, the
+# uninstrumented kernel timed 1.04x slower at hsp Lq=128 max=1024 s=0.1 (both schedules), 0.94x at
+# Lq=256 max=4096 s=0.9 (static), the same elsewhere: mixed, so not kept
+# (benchmarks/results/fwd_unspecialized_ints_h200_2026-11-30_*.json).
 @triton.jit(c_cache=C_CACHE)
 def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offsets,
              work_list, n_work_ptr, queue_ptr, rec_ptr,
@@ -308,7 +312,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
         # ----------------------------------------------------------------------------------
         with tlx.async_task("default"):
             if PROFILE:
-                sm, t_first, c_first = prof.span_start()
+                prof.span_begin(rec_ptr, rec_spans_off, pid, 0, _N_ROLES)
             w_qe = tl.zeros([], tl.int64)
             n_qe = tl.zeros([], tl.int64)
             w_ke = tl.zeros([], tl.int64)
@@ -365,8 +369,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     w_pe, n_pe = _post_position(pos_box[c], pos_fulls[c], pos_empties[c], (n_done & 1) ^ 1, pos,
                                                 w_pe, n_pe, PROFILE)
             if PROFILE:
-                prof.write_span(rec_ptr, rec_spans_off, pid, 0, _N_ROLES, sm, t_first, prof.globaltimer(),
-                                c_first, tlx.clock64(), n_done)
+                prof.span_end(rec_ptr, rec_spans_off, pid, 0, _N_ROLES, n_done)
                 prof.write_wait(rec_ptr, rec_waits_off, pid, 0, _N_ROLES, _S_Q_EMPTY, _N_SITES, w_qe, n_qe)
                 prof.write_wait(rec_ptr, rec_waits_off, pid, 0, _N_ROLES, _S_K_EMPTY, _N_SITES, w_ke, n_ke)
                 prof.write_wait(rec_ptr, rec_waits_off, pid, 0, _N_ROLES, _S_V_EMPTY, _N_SITES, w_ve, n_ve)
@@ -378,7 +381,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
         with tlx.async_task(num_warps=4, registers=232, replicate=2):
             cid: tl.constexpr = tlx.async_task_replica_id()
             if PROFILE:
-                sm, t_first, c_first = prof.span_start()
+                prof.span_begin(rec_ptr, rec_spans_off, pid, 1 + cid, _N_ROLES)
             w_qf = tl.zeros([], tl.int64)
             n_qf = tl.zeros([], tl.int64)
             w_kf = tl.zeros([], tl.int64)
@@ -505,7 +508,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     q_cnt += 1
                 if PROFILE:
                     if cid == 0:
-                        prof.write_tile(rec_ptr, rec_tiles_off, rec_tile_cap, pos, pid, sm, tile, b, h,
+                        prof.write_tile(rec_ptr, rec_tiles_off, rec_tile_cap, pos, pid, prof.smid(), tile, b, h,
                                         m0 // BLOCK_M, Lk, n_blocks, t0, prof.globaltimer(), c0, tlx.clock64(),
                                         1 + cid)
                 n_done += 1
@@ -516,8 +519,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     pos += n_progs
             if PROFILE:
                 role = 1 + cid
-                prof.write_span(rec_ptr, rec_spans_off, pid, role, _N_ROLES, sm, t_first, prof.globaltimer(),
-                                c_first, tlx.clock64(), n_done)
+                prof.span_end(rec_ptr, rec_spans_off, pid, role, _N_ROLES, n_done)
                 prof.write_wait(rec_ptr, rec_waits_off, pid, role, _N_ROLES, _S_Q_FULL, _N_SITES, w_qf, n_qf)
                 prof.write_wait(rec_ptr, rec_waits_off, pid, role, _N_ROLES, _S_K_FULL, _N_SITES, w_kf, n_kf)
                 prof.write_wait(rec_ptr, rec_waits_off, pid, role, _N_ROLES, _S_V_FULL, _N_SITES, w_vf, n_vf)

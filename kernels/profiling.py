@@ -52,12 +52,6 @@ def globaltimer():
 
 
 @triton.jit
-def span_start():
-    """(SM id, globaltimer, clock64) where a warp role's span starts, for `write_span` at its end."""
-    return smid(), globaltimer(), tlx.clock64()
-
-
-@triton.jit
 def timed_wait(bar, phase, cycles, count, PROFILE: tl.constexpr):
     """barrier_wait that, at PROFILE level 2, adds the cycles spent waiting to a per-site accumulator."""
     if PROFILE >= 2:
@@ -108,13 +102,27 @@ def write_tile(rec_ptr, tiles_off, tile_cap, slot, cta, sm, tile, batch, head, b
 
 
 @triton.jit
-def write_span(rec_ptr, spans_off, cta, role, n_roles, sm, t0, t1, c0, c1, n_tiles):
-    base = rec_ptr + spans_off + (cta * n_roles + role).to(tl.int64) * SPAN_WORDS_C
-    tl.store(base + S_SMID, sm.to(tl.int64))
-    tl.store(base + S_T_START, t0)
-    tl.store(base + S_T_END, t1)
-    tl.store(base + S_C_START, c0)
-    tl.store(base + S_C_END, c1)
+def _span_base(rec_ptr, spans_off, cta, role, n_roles):
+    return rec_ptr + spans_off + (cta * n_roles + role).to(tl.int64) * SPAN_WORDS_C
+
+
+@triton.jit
+def span_begin(rec_ptr, spans_off, cta, role, n_roles):
+    """A warp role's span starts: its SM and start times go to the record now, so that nothing
+    stays live until `span_end`. (Held in registers across the persistent loop, they made the
+    forward's instrumented consumers spill 16-24 bytes.)"""
+    base = _span_base(rec_ptr, spans_off, cta, role, n_roles)
+    tl.store(base + S_SMID, smid().to(tl.int64))
+    tl.store(base + S_T_START, globaltimer())
+    tl.store(base + S_C_START, tlx.clock64())
+
+
+@triton.jit
+def span_end(rec_ptr, spans_off, cta, role, n_roles, n_tiles):
+    """The span's end, its tile count, and VALID last."""
+    base = _span_base(rec_ptr, spans_off, cta, role, n_roles)
+    tl.store(base + S_T_END, globaltimer())
+    tl.store(base + S_C_END, tlx.clock64())
     tl.store(base + S_N_TILES, n_tiles.to(tl.int64))
     tl.store(base + S_VALID, 1)
 

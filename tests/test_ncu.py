@@ -426,13 +426,19 @@ def test_ncu_command_line():
     assert bwd.tag == "bwd-static-tma1" and bwd.target_args()[:6] == ["--pass", "bwd", "--schedule", "static",
                                                                       "--grid", "hsp"]
     assert "regex:^_jfa_bwd$" in ncu_live.ncu_argv("/opt/ncu", "b", ncu_live.target_argv(bwd), pass_="bwd")
+    # An instrumented build: its level in the tag and passed on; level 0 adds nothing.
+    prof = ncu_live.LiveRun(schedule="static", profile=1)
+    assert prof.tag == "static-prof1" and prof.target_args()[-2:] == ["--profile", "1"]
+    assert "--profile" not in ncu_live.LiveRun(schedule="static").target_args()
 
 
 def test_target_parses_what_the_command_line_passes():
     run = ncu_live.LiveRun(schedule="static", peel=False, lq=256, max_kv=2048, sparsity=0.1, seed=7)
     args = ncu_target.build_parser().parse_args(ncu_live.target_argv(run)[3:])
-    assert (args.schedule, args.grid, args.lq, args.max_kv, args.sparsity, args.seed, args.no_peel) == (
-        "static", "hsp", 256, 2048, 0.1, 7, True)
+    assert (args.schedule, args.grid, args.lq, args.max_kv, args.sparsity, args.seed, args.no_peel, args.profile) == (
+        "static", "hsp", 256, 2048, 0.1, 7, True, 0)
+    prof = ncu_live.LiveRun(pass_="bwd", schedule="dynamic", dq="tma", profile=2)
+    assert ncu_target.build_parser().parse_args(ncu_live.target_argv(prof)[3:]).profile == 2
     # ncu skips the warm-up launches and profiles the next: the target launches exactly that many.
     assert args.launches == ncu_target.WARMUP_LAUNCHES + ncu_target.PROFILED_LAUNCHES
 
@@ -442,6 +448,7 @@ def test_target_parses_what_the_command_line_passes():
     (["--pass", "bwd", "--schedule", "lpt"], "unknown bwd schedule 'lpt'"),
     (["--dq", "tma"], "--dq applies to the backward only"),
     (["--pass", "bwd", "--dq", "fast"], "unknown dQ reduction 'fast'"),
+    (["--profile", "3"], "unknown instrumentation level 3"),
 ])
 def test_target_rejects_bad_input_before_touching_a_gpu(capsys, argv, message):
     assert ncu_target.main(argv) == 2
@@ -544,6 +551,8 @@ def test_live_compare_schedules(fake_ncu, tmp_path):
     (["--pass", "bwd", "--vs-dq", "fast"], "unknown dQ reduction 'fast'"),
     (["--pass", "bwd", "--schedule", "lpt"], "unknown bwd schedule 'lpt'"),
     (["--pass", "bwd", "--dq", "tma", "--vs-dq", "tma"], "same as the first"),
+    (["--vs-profile", "5"], "unknown instrumentation level 5"),
+    (["--profile", "1", "--vs-profile", "1"], "same as the first"),
 ])
 def test_live_backward_options_are_checked_before_ncu_runs(fake_ncu, args, message):
     result = runner.invoke(app, ["ncu", *args])
@@ -555,6 +564,20 @@ def test_live_compare_needs_a_difference(fake_ncu):
     result = runner.invoke(app, ["ncu", "--schedule", "lpt", "--vs-schedule", "lpt"])
     assert result.exit_code == 2 and "same as the first" in result.stderr
     assert not Path("ncu_calls.jsonl").exists()
+
+
+def test_live_compare_instrumentation_levels(fake_ncu, tmp_path):
+    result = runner.invoke(app, ["ncu", "--schedule", "static", "--vs-profile", "1", "--lq", "256", "--max-kv",
+                                 "2048", "--sparsity", "0.1", "--json"])
+    assert result.exit_code == 0, result.output
+    a, b = fake_ncu()
+    assert "--profile" not in a and b[-4:] == ["--profile", "1", "--launches", "3"]
+    assert b[b.index("-o") + 1] == "ncu_hsp_lq256_kv2048_s0.1_static.vs-static-prof1"
+    data = json.loads(result.stdout)
+    assert [r["profile"] for r in data["runs"]] == [0, 1]
+    assert data["b"]["label"] == "static-prof1: hsp Lq=256 max=2048 s=0.1"
+    result = runner.invoke(app, ["ncu", "--report", str(DYNAMIC), "--vs-profile", "1"])
+    assert result.exit_code == 2 and "--vs-profile applies only to a live run" in result.stderr
 
 
 def test_live_compare_peeling_and_against_a_file(fake_ncu, tmp_path):

@@ -33,6 +33,12 @@ def ncu(
         None, "--vs-schedule", help="Live: also profile this schedule and compare it (B) against --schedule (A)."),
     vs_peel: Optional[bool] = typer.Option(
         None, "--vs-peel/--vs-no-peel", help="Live: also profile with peeling on/off and compare it (B)."),
+    profile: int = typer.Option(0, "--profile", metavar="LEVEL",
+                                help="Live: the kernel's instrumentation level: 0 off, 1 tile records and role "
+                                     "spans, 2 also barrier waits."),
+    vs_profile: Optional[int] = typer.Option(
+        None, "--vs-profile", metavar="LEVEL", help="Live: also profile at this instrumentation level and compare "
+                                                    "it (B): where the instrumentation's cost goes."),
     out: Optional[Path] = typer.Option(
         None, "-o", "--out", help="Live: report to write (default: named after the workload, in the current "
                                   "directory); a comparison's B goes beside it."),
@@ -46,7 +52,8 @@ def ncu(
     [bold]--report FILE[/] reads a report made anywhere, no GPU needed; [bold]--compare FILE_B[/] adds deltas.
 
     Without --report, ncu profiles one launch on this machine's GPU, e.g. [bold]--vs-schedule lpt[/],
-    or [bold]--pass bwd --dq tma --vs-dq atomic[/].
+    [bold]--pass bwd --dq tma --vs-dq atomic[/], or [bold]--vs-profile 1[/] (what the instrumentation
+    costs).
     """
     from jfa_prof.analyses import ncu as analysis
     from jfa_prof.errors import BadInputError
@@ -55,7 +62,8 @@ def ncu(
     live_options = {"--schedule": schedule, "--grid": grid, "--lq": lq, "--max-kv": max_kv,
                     "--sparsity": sparsity, "--seed": seed, "--no-peel": no_peel or None,
                     "--vs-schedule": vs_schedule, "--vs-peel/--vs-no-peel": vs_peel, "-o": out,
-                    "--pass": None if pass_ == "fwd" else pass_, "--dq": dq, "--vs-dq": vs_dq}
+                    "--pass": None if pass_ == "fwd" else pass_, "--dq": dq, "--vs-dq": vs_dq,
+                    "--profile": profile or None, "--vs-profile": vs_profile}
     if report is not None:
         given = [k for k, v in live_options.items() if v is not None]
         if given:
@@ -67,11 +75,13 @@ def ncu(
         runs: list[dict[str, Any]] = []
         label_a = label_b = None
     else:
-        if compare is not None and (vs_schedule is not None or vs_peel is not None or vs_dq is not None):
-            raise BadInputError("compare with either --compare FILE_B or --vs-schedule/--vs-peel/--vs-dq, not both")
+        if compare is not None and any(v is not None for v in (vs_schedule, vs_peel, vs_dq, vs_profile)):
+            raise BadInputError("compare with either --compare FILE_B or --vs-schedule/--vs-peel/--vs-dq/--vs-profile, "
+                                "not both")
         a, b, runs = _live(pass_=pass_, schedule=schedule, peel=not no_peel, dq=dq, grid=grid or "hsp", lq=lq,
                            max_kv=max_kv, sparsity=sparsity, seed=seed, vs_schedule=vs_schedule,
-                           vs_peel=vs_peel, vs_dq=vs_dq, out=out, arch=normalize_arch(arch), compare=compare)
+                           vs_peel=vs_peel, vs_dq=vs_dq, profile=profile, vs_profile=vs_profile, out=out,
+                           arch=normalize_arch(arch), compare=compare)
         label_a = runs[0]["label"]
         label_b = runs[1]["label"] if len(runs) > 1 else None
 
@@ -97,8 +107,8 @@ def _show(analysis, a, b, *, kernel, top, json, runs, label_a, label_b) -> None:
         typer.echo(render.to_json(data))
 
 
-def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_schedule, vs_peel, vs_dq, out, arch,
-          compare):
+def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_schedule, vs_peel, vs_dq, profile,
+          vs_profile, out, arch, compare):
     """Profile A (and B when a --vs option asks), read the reports; (A, B or None, run records)."""
     from dataclasses import replace
 
@@ -107,12 +117,16 @@ def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_sch
     from jfa_prof import ablations, ncu_live
     from jfa_prof.analyses import ncu as analysis
     from jfa_prof.errors import BadInputError
+    from jfa_prof.ncu_target import check_profile_level
 
     # Bad options first, then the cheapest checks, before torch is imported to check the workload.
     schedule = ablations.pass_options(pass_, schedule, dq)
     ablations.pass_options(pass_, vs_schedule or schedule, vs_dq, dq_flag="--vs-dq")
     if pass_ == "bwd" and (not peel or vs_peel is not None):
         raise BadInputError("--no-peel and --vs-peel apply to the forward only: the backward masks every block")
+    check_profile_level(profile)
+    if vs_profile is not None:
+        check_profile_level(vs_profile)
     ncu_path = ncu_live.require_ncu()
     ncu_live.require_gpu_driver()
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
@@ -121,15 +135,16 @@ def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_sch
 
     # The resolved workload, so the B run and the file names match what A ran.
     run_a = ncu_live.LiveRun(schedule=schedule, peel=peel, grid=workload.grid, lq=workload.Lq,
-                             max_kv=workload.max_kv, sparsity=workload.sparsity, seed=seed, pass_=pass_, dq=dq)
+                             max_kv=workload.max_kv, sparsity=workload.sparsity, seed=seed, pass_=pass_, dq=dq,
+                             profile=profile)
     runs = [run_a]
-    if vs_schedule is not None or vs_peel is not None or vs_dq is not None:
+    if any(v is not None for v in (vs_schedule, vs_peel, vs_dq, vs_profile)):
         run_b = replace(run_a, schedule=vs_schedule or schedule, peel=peel if vs_peel is None else vs_peel,
-                        dq=vs_dq or dq)
+                        dq=vs_dq or dq, profile=profile if vs_profile is None else vs_profile)
         if run_b == run_a:
             raise BadInputError("the comparison run is the same as the first one",
                                 hint="--vs-schedule needs another schedule, --vs-peel/--vs-no-peel the "
-                                     "other peeling, --vs-dq another reduction")
+                                     "other peeling, --vs-dq another reduction, --vs-profile another level")
         runs.append(run_b)
 
     base = _default_name(workload, run_a) if out is None else out
@@ -149,7 +164,7 @@ def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_sch
         err.print(f"[dim]report: {written}[/]")
         reports.append(analysis.read_report(written))
         records.append({"label": label, "report": str(written), "pass": run.pass_, "dq": run.dq,
-                        "schedule": run.schedule, "peel": run.peel,
+                        "schedule": run.schedule, "peel": run.peel, "profile": run.profile,
                         "workload": workload.label, "arch": arch, "command": argv})
     for rep in reports:
         for k in rep.kernels:
