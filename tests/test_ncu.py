@@ -689,3 +689,36 @@ def test_backward_report_after_warp_specialization(point):
     assert b["local_load_bytes"] == b["local_store_bytes"] == 0
     assert b["duration"] < 0.92 * a["duration"]
     assert b["tensor_pipe"] > a["tensor_pipe"] + 5
+
+
+def test_forward_instrumentation_reports():
+    """The forward at hsp Lq=256 max=2048 s=0.1, uninstrumented (prof0) and with tile records and spans
+    (prof1), commit e5d7771: only the instrumented build moves local memory; under the static schedule it
+    slows the slowest SM more than the average one (its kernel time swings with it), under the dynamic
+    queue about evenly."""
+    growth = {}
+    for schedule in ("static", "dynamic"):
+        a = analysis.read_report(DATA / f"fwd_{schedule}_prof0_e5d7771.ncu-rep").kernel("_jfa_fwd").metrics
+        b = analysis.read_report(DATA / f"fwd_{schedule}_prof1_e5d7771.ncu-rep").kernel("_jfa_fwd").metrics
+        assert a["local_load_bytes"] == a["local_store_bytes"] == 0
+        assert b["local_load_bytes"] > 0 and b["local_store_bytes"] > 0
+        assert b["duration"] > a["duration"] and b["registers"] == a["registers"] == 168
+        growth[schedule] = {k: b[k] / a[k] for k in ("sm_cycles_max", "sm_cycles_avg")}
+    assert growth["static"]["sm_cycles_max"] > growth["static"]["sm_cycles_avg"] + 0.05
+    assert abs(growth["dynamic"]["sm_cycles_max"] - growth["dynamic"]["sm_cycles_avg"]) < 0.02
+
+
+@pytest.mark.parametrize("profile, spills", [("noprof", False), ("prof-tiles", True)])
+def test_spills_compiles_the_build_that_launches(profile, spills):
+    """`jfa-prof spills` compiles with the pointer alignment a launch has: the instrumented forward's
+    spill shows there as it does in ncu's local-memory counters above (without the alignment ptxas
+    reported none)."""
+    from jfa_prof import compile as jcompile
+    from jfa_prof.kernels.registry import all_variants
+
+    v = next(x for x in all_variants() if x.name == f"fwd/bcast/bf16/d128/static/peel/{profile}")
+    attrs = jcompile.launch_attrs(v.kernel.arg_names, v.signature)
+    assert attrs and all(v.signature[v.kernel.arg_names[i]].startswith("*") for (i,) in attrs)
+    r = jcompile.compile_kernel(v.kernel, v.signature, v.constexprs, v.num_warps, v.num_stages,
+                                options=getattr(v, "options", None))
+    assert (r.metadata.local_bytes > 0) == spills and (r.local_memory.total > 0) == spills
