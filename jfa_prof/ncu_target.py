@@ -21,6 +21,9 @@ import sys
 
 WARMUP_LAUNCHES = 2
 PROFILED_LAUNCHES = 1
+# The kernels' PROFILE levels (jfa_prof/kernels/profiling.py).
+PROFILE_LEVELS = (0, 1, 2)
+PROFILE_LEVELS_HELP = "0 off, 1 tile records and role spans, 2 also barrier waits"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,22 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sparsity", type=float, help="mean length / max")
     ap.add_argument("--seed", type=int, help="seed of the sequence lengths")
     ap.add_argument("--no-peel", action="store_true", help="mask every KV block (no peeled mask tail)")
-    ap.add_argument("--profile", type=int, default=0, help="instrumentation level: 0 off (default), 1 tile "
-                                                           "records and role spans, 2 also barrier waits")
+    ap.add_argument("--profile", type=int, default=0, help=f"instrumentation level: {PROFILE_LEVELS_HELP}")
     ap.add_argument("--launches", type=int, default=WARMUP_LAUNCHES + PROFILED_LAUNCHES,
                     help="forward launches in total (default: the ones ncu skips plus the profiled one)")
     return ap
-
-
-PROFILE_LEVELS = (0, 1, 2)
 
 
 def check_profile_level(level: int) -> None:
     from jfa_prof.errors import BadInputError
 
     if level not in PROFILE_LEVELS:
-        raise BadInputError(f"unknown instrumentation level {level}",
-                            hint="0 off, 1 tile records and role spans, 2 also barrier waits")
+        raise BadInputError(f"unknown instrumentation level {level}", hint=PROFILE_LEVELS_HELP)
 
 
 def run(args: argparse.Namespace) -> str:

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import typer
 
 from jfa_prof.commands import options as opt
+from jfa_prof.ncu_target import PROFILE_LEVELS_HELP
 
 
 def ncu(
@@ -34,8 +35,7 @@ def ncu(
     vs_peel: Optional[bool] = typer.Option(
         None, "--vs-peel/--vs-no-peel", help="Live: also profile with peeling on/off and compare it (B)."),
     profile: int = typer.Option(0, "--profile", metavar="LEVEL",
-                                help="Live: the kernel's instrumentation level: 0 off, 1 tile records and role "
-                                     "spans, 2 also barrier waits."),
+                                help=f"Live: the kernel's instrumentation level: {PROFILE_LEVELS_HELP}."),
     vs_profile: Optional[int] = typer.Option(
         None, "--vs-profile", metavar="LEVEL", help="Live: also profile at this instrumentation level and compare "
                                                     "it (B): where the instrumentation's cost goes."),
