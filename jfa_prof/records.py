@@ -80,7 +80,8 @@ BARRIER_WORDS = 2
 # Warp roles of the forward kernel, in replica order: the TMA producer and the consumer warpgroups.
 FWD_ROLES = ("producer", "consumer0", "consumer1")
 # Barrier wait sites of the forward kernel; a site is one barrier_wait call in the source.
-# "queue" is the hand-off of the next work-list position (dynamic schedule only).
+# "queue" is the hand-off of the next tile through the mailbox (under the dynamic schedule the
+# producer takes its position from the global queue first).
 FWD_SITES = ("q_empty", "k_empty", "v_empty", "q_full", "k_full", "v_full", "mma_turn", "queue")
 # Warp roles of the backward kernel: the producer warpgroup and the two consumers, recorded as one
 # role by the first. Its one wait site is the consumers' (TMA mode): waiting for a free dQ staging

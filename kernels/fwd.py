@@ -9,7 +9,9 @@ Persistent and warp-specialized:
 
 A tile is (batch, head, query block). The persistent CTAs walk a work list of tile ids built on
 the device (`jfa_prof.schedule`): in list order with a stride (static / LPT-zigzag lists) or by
-taking the next list position from a global atomic counter (dynamic; Hopper has no CLC).
+taking the next list position from a global atomic counter (dynamic; Hopper has no CLC). The
+producer walks the list and decodes each tile; the consumers get it through a shared-memory
+mailbox, so they never wait on a global load between two tiles.
 
 Masking is peeled: KV blocks that every valid row of a consumer sees in full run without the
 mask arithmetic; only the boundary blocks (sequence end, window edges, causal diagonal) pay for
@@ -57,6 +59,18 @@ _MASK_ALWAYS = tl.constexpr(1)
 _MASK_IF_FLAGGED = tl.constexpr(2)
 _PRODUCER_BAR = tl.constexpr(13)  # the producer warpgroup's own barrier (mailbox hand-off)
 _BOX_WORDS = tl.constexpr(128)  # one word per producer thread: no two threads store to one address
+_BOX_COPIES = tl.constexpr(8)  # words per mailbox field: 16 fields
+# Mailbox fields: a tile as the producer decoded it.
+_F_POS = tl.constexpr(0)
+_F_TILE = tl.constexpr(1)
+_F_BATCH = tl.constexpr(2)
+_F_HEAD = tl.constexpr(3)
+_F_M0 = tl.constexpr(4)
+_F_LQ = tl.constexpr(5)
+_F_LK = tl.constexpr(6)
+_F_O_ROW0 = tl.constexpr(7)
+_F_BLK_LO = tl.constexpr(8)
+_F_N_BLOCKS = tl.constexpr(9)
 
 # Ablations: each removes one piece of work so its share of the time can be measured (the
 # waterfall). Reachable only through `fwd_launch(ablate=...)`; the public op never sets them,
@@ -144,10 +158,24 @@ def _load_kv(desc, bufs, fulls, empties, cnt, row, col, n_bytes: tl.constexpr, c
 
 
 @triton.jit
-def _post_position(box, full, empty, phase, pos, cycles, count, PROFILE: tl.constexpr):
-    """Producer side of the dynamic schedule's mailbox: hand a work-list position to a consumer."""
+def _post_tile(box, full, empty, phase, pos, tile, b, h, m0, Lq, Lk, o_row0, blk_lo, n_blocks, cycles, count,
+               PROFILE: tl.constexpr):
+    """Producer side of the tile mailbox: hand a consumer the next tile as the producer decoded it
+    (its list position; past the list's end, the signal to stop), so that the consumers, whose
+    tensor-core turns wait for each other, load nothing from global memory between two tiles."""
     cycles, count = prof.timed_wait(empty, phase, cycles, count, PROFILE)
-    tlx.local_store(box, tl.full([_BOX_WORDS], pos, tl.int32))
+    field = tl.arange(0, _BOX_WORDS) // _BOX_COPIES
+    words = tl.where(field == _F_POS, pos, 0)
+    words = tl.where(field == _F_TILE, tile, words)
+    words = tl.where(field == _F_BATCH, b, words)
+    words = tl.where(field == _F_HEAD, h, words)
+    words = tl.where(field == _F_M0, m0, words)
+    words = tl.where(field == _F_LQ, Lq, words)
+    words = tl.where(field == _F_LK, Lk, words)
+    words = tl.where(field == _F_O_ROW0, o_row0, words)
+    words = tl.where(field == _F_BLK_LO, blk_lo, words)
+    words = tl.where(field == _F_N_BLOCKS, n_blocks, words)
+    tlx.local_store(box, words)
     # Every producer thread's word is in before the one elected thread signals the box full.
     tlx.named_barrier_wait(_PRODUCER_BAR, _WARPGROUP_THREADS)
     tlx.barrier_arrive(full, 1)
@@ -155,13 +183,27 @@ def _post_position(box, full, empty, phase, pos, cycles, count, PROFILE: tl.cons
 
 
 @triton.jit
-def _take_position(box, full, empty, phase, cid: tl.constexpr, cycles, count, PROFILE: tl.constexpr):
-    """Consumer side: read the position, and give the box back only once every thread has read it."""
+def _box_field(box, field: tl.constexpr):
+    return tl.sum(tlx.local_load(tlx.local_slice(box, [field * _BOX_COPIES], [1])), 0)
+
+
+@triton.jit
+def _take_tile(box, full, empty, phase, cid: tl.constexpr, cycles, count, PROFILE: tl.constexpr):
+    """Consumer side: read the tile, and give the box back only once every thread has read it."""
     cycles, count = prof.timed_wait(full, phase, cycles, count, PROFILE)
-    pos = tl.sum(tlx.local_load(tlx.local_slice(box, [0], [1])), 0)
+    pos = _box_field(box, _F_POS)
+    tile = _box_field(box, _F_TILE)
+    b = _box_field(box, _F_BATCH)
+    h = _box_field(box, _F_HEAD)
+    m0 = _box_field(box, _F_M0)
+    Lq = _box_field(box, _F_LQ)
+    Lk = _box_field(box, _F_LK)
+    o_row0 = _box_field(box, _F_O_ROW0)
+    blk_lo = _box_field(box, _F_BLK_LO)
+    n_blocks = _box_field(box, _F_N_BLOCKS)
     tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
     tlx.barrier_arrive(empty, 1)
-    return pos, cycles, count
+    return pos, tile, b, h, m0, Lq, Lk, o_row0, blk_lo, n_blocks, cycles, count
 
 
 @triton.jit
@@ -300,11 +342,12 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
     k_empties = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=2)
     v_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
     v_empties = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=2)
-    # Dynamic schedule: the producer takes list positions from the global queue and hands each to
-    # both consumers through a one-slot shared-memory mailbox per consumer.
-    pos_box = tlx.local_alloc((_BOX_WORDS, ), tl.int32, 2)
-    pos_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
-    pos_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    # The producer walks the work list (the dynamic schedule: takes positions from the global
+    # queue), decodes each tile and hands it to both consumers through a one-slot shared-memory
+    # mailbox per consumer.
+    box = tlx.local_alloc((_BOX_WORDS, ), tl.int32, 2)
+    box_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
+    box_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
 
     with tlx.async_tasks():
         # ----------------------------------------------------------------------------------
@@ -326,14 +369,13 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
             n_done = 0
             pos = pid
             while pos < n_work:
-                if DYNAMIC:
-                    for c in tl.static_range(2):
-                        w_pe, n_pe = _post_position(pos_box[c], pos_fulls[c], pos_empties[c], (n_done & 1) ^ 1,
-                                                    pos, w_pe, n_pe, PROFILE)
                 tile = tl.load(work_list + pos)
                 b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks = _tile_geometry(
                     tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
                     CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+                for c in tl.static_range(2):
+                    w_pe, n_pe = _post_tile(box[c], box_fulls[c], box_empties[c], (n_done & 1) ^ 1, pos, tile, b, h,
+                                            m0, Lq, Lk, o_row0, blk_lo, n_blocks, w_pe, n_pe, PROFILE)
                 if n_blocks > 0:
                     kv_col = (h // GROUP) * HEAD_DIM
                     qb = q_cnt % Q_BUFS
@@ -363,11 +405,10 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     q_cnt += 1
                 n_done += 1
                 pos = _next_position(pos, n_progs, queue_ptr, DYNAMIC)
-            if DYNAMIC:
-                # Tell both consumers the queue is drained.
-                for c in tl.static_range(2):
-                    w_pe, n_pe = _post_position(pos_box[c], pos_fulls[c], pos_empties[c], (n_done & 1) ^ 1, pos,
-                                                w_pe, n_pe, PROFILE)
+            # Tell both consumers the list is done.
+            for c in tl.static_range(2):
+                w_pe, n_pe = _post_tile(box[c], box_fulls[c], box_empties[c], (n_done & 1) ^ 1, pos, 0, 0, 0, 0, 0, 0,
+                                        0, 0, 0, w_pe, n_pe, PROFILE)
             if PROFILE:
                 prof.span_end(rec_ptr, rec_spans_off, pid, 0, _N_ROLES, n_done)
                 prof.write_wait(rec_ptr, rec_waits_off, pid, 0, _N_ROLES, _S_Q_EMPTY, _N_SITES, w_qe, n_qe)
@@ -399,18 +440,12 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
             if cid == 1:
                 # Consumer 0 takes the first turn on the tensor cores.
                 tlx.named_barrier_arrive(_TURN_0, _CONSUMER_THREADS)
-            pos = pid
-            if DYNAMIC:
-                pos, w_pf, n_pf = _take_position(pos_box[cid], pos_fulls[cid], pos_empties[cid], 0, cid, w_pf, n_pf,
-                                                 PROFILE)
+            pos, tile, b, h, m0, Lq, Lk, o_row0, blk_lo, n_blocks, w_pf, n_pf = _take_tile(
+                box[cid], box_fulls[cid], box_empties[cid], 0, cid, w_pf, n_pf, PROFILE)
             while pos < n_work:
                 if PROFILE:
                     t0 = prof.globaltimer()
                     c0 = tlx.clock64()
-                tile = tl.load(work_list + pos)
-                b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks = _tile_geometry(
-                    tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
-                    CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
                 r0 = m0 + cid * SPLIT_M
                 row_ids = r0 + tl.arange(0, SPLIT_M)
                 m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
@@ -512,11 +547,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                                         m0 // BLOCK_M, Lk, n_blocks, t0, prof.globaltimer(), c0, tlx.clock64(),
                                         1 + cid)
                 n_done += 1
-                if DYNAMIC:
-                    pos, w_pf, n_pf = _take_position(pos_box[cid], pos_fulls[cid], pos_empties[cid], n_done & 1, cid,
-                                                     w_pf, n_pf, PROFILE)
-                else:
-                    pos += n_progs
+                pos, tile, b, h, m0, Lq, Lk, o_row0, blk_lo, n_blocks, w_pf, n_pf = _take_tile(
+                    box[cid], box_fulls[cid], box_empties[cid], n_done & 1, cid, w_pf, n_pf, PROFILE)
             if PROFILE:
                 role = 1 + cid
                 prof.span_end(rec_ptr, rec_spans_off, pid, role, _N_ROLES, n_done)

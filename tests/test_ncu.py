@@ -709,11 +709,23 @@ def test_forward_instrumentation_reports():
     assert abs(growth["dynamic"]["sm_cycles_max"] - growth["dynamic"]["sm_cycles_avg"]) < 0.02
 
 
-@pytest.mark.parametrize("profile, spills", [("noprof", False), ("prof-tiles", True)])
+def test_backward_instrumentation_reports():
+    """The backward at hsp Lq=256 max=2048 s=0.5 (static, TMA dQ), uninstrumented (prof0) and with tile
+    records and spans (prof1): level 1 moves no local memory, keeps the registers, and its kernel ran
+    within the run-to-run noise of the plain one (1.7% faster in this pair)."""
+    a = analysis.read_report(DATA / "bwd_static_prof0_exitwait.ncu-rep").kernel("_jfa_bwd")
+    b = analysis.read_report(DATA / "bwd_static_prof1_exitwait.ncu-rep").kernel("_jfa_bwd")
+    for k in (a, b):
+        assert k.metrics["local_load_bytes"] == k.metrics["local_store_bytes"] == 0
+    assert b.metrics["registers"] == a.metrics["registers"] == 168
+    assert abs(analysis.compare(a, b).delta("duration").relative) < 0.03
+
+
+@pytest.mark.parametrize("profile, spills", [("noprof", False), ("prof", True)])
 def test_spills_compiles_the_build_that_launches(profile, spills):
-    """`jfa-prof spills` compiles with the pointer alignment a launch has: the instrumented forward's
-    spill shows there as it does in ncu's local-memory counters above (without the alignment ptxas
-    reported none)."""
+    """`jfa-prof spills` compiles with the pointer alignment a launch has, on which ptxas's register
+    allocation depends: the level-1 forward of commit e5d7771 spilled only with it, as in ncu's
+    local-memory counters above. Since the tile mailbox only level 2 spills."""
     from jfa_prof import compile as jcompile
     from jfa_prof.kernels.registry import all_variants
 
