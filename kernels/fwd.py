@@ -100,8 +100,8 @@ SCHEDULE_IDS = {"static": 0, "lpt": 1, "dynamic": 2}
 
 
 # ---------------------------------------------------------------------------------------------
-# Tile geometry: every role derives the same numbers from the tile id, so producer and consumers
-# agree on which KV blocks a tile visits without talking to each other.
+# Tile geometry: the producer derives a tile's rows and KV blocks from its id, loads what they need
+# and hands the numbers to the consumers through the mailbox (`_post_tile` / `_take_tile`).
 # ---------------------------------------------------------------------------------------------
 @triton.jit
 def _tile_geometry(tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets,
