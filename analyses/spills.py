@@ -49,6 +49,14 @@ class VariantResources:
     # its barrier instructions; both static counts (`jfa_prof.ptxas.count_waits`).
     wgmma_in_flight: int = 0
     barriers: int = 0
+    # One iteration of the innermost wgmma loop, its slowest copy (`jfa_prof.ptxas.matmul_loops`):
+    # instructions, byte permutes, proxy fences, local-memory accesses, and the share of its MUFU
+    # (exp2) issued while a matmul is in flight.
+    loop_instructions: int = 0
+    loop_shuffles: int = 0
+    loop_fences: int = 0
+    loop_local: int = 0
+    mufu_overlap: float = 0.0
     compile_seconds: float | None = None
     cached: bool = False
     warnings: tuple[str, ...] = ()
@@ -64,6 +72,7 @@ def from_result(result: Any) -> VariantResources:
     stats = result.stats
     local = result.local_memory
     waits = result.waits
+    loops = result.loops
     warnings = tuple(dict.fromkeys(w for f in result.functions for w in f.warnings))
     return VariantResources(
         variant=result.variant or result.kernel, kernel=result.kernel, tags=dict(result.tags),
@@ -71,6 +80,8 @@ def from_result(result: Any) -> VariantResources:
         spill_load_bytes=stats.spill_load_bytes, stack_bytes=result.metadata.local_bytes,
         smem_bytes=result.metadata.shared, ldl=local.loads, stl=local.stores,
         wgmma_in_flight=waits.wgmma_in_flight, barriers=waits.barriers,
+        loop_instructions=loops.instructions, loop_shuffles=loops.shuffles, loop_fences=loops.fences,
+        loop_local=loops.local, mufu_overlap=loops.mufu_overlap,
         compile_seconds=result.compile_seconds, cached=result.cached, warnings=warnings)
 
 
@@ -80,8 +91,10 @@ def failed(variant: str, kernel: str, error: str, tags: Mapping[str, str] | None
 
 # The numeric columns of the table, in display order; also what compare() reports on.
 METRICS: tuple[str, ...] = ("registers", "spill_store_bytes", "spill_load_bytes", "spill_bytes",
-                            "stack_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers")
+                            "stack_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers",
+                            "loop_instructions", "loop_shuffles", "loop_fences", "loop_local", "mufu_overlap")
 
+_LOOP_METRICS = METRICS[METRICS.index("loop_instructions"):]
 _COLUMNS = ("variant", "kernel") + METRICS + ("compile_seconds", "cached", "warnings", "error")
 
 
@@ -108,6 +121,7 @@ def spill_table(resources: Iterable[VariantResources]) -> pd.DataFrame:
             "stl": r.stl if ok else None,
             "wgmma_in_flight": r.wgmma_in_flight if ok else None,
             "barriers": r.barriers if ok else None,
+            **{m: getattr(r, m) if ok else None for m in _LOOP_METRICS},
             "compile_seconds": r.compile_seconds,
             "cached": r.cached,
             "warnings": list(r.warnings),
@@ -118,7 +132,7 @@ def spill_table(resources: Iterable[VariantResources]) -> pd.DataFrame:
     df = pd.DataFrame.from_records(records, columns=columns)
     # Nullable integers: a failed variant leaves holes without turning every count into a float.
     for col in METRICS:
-        df[col] = df[col].astype("Int64")
+        df[col] = df[col].astype("Float64" if col == "mufu_overlap" else "Int64")
     df["compile_seconds"] = df["compile_seconds"].astype("Float64")
     return df
 

@@ -38,7 +38,8 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 from jfa_prof.errors import BadInputError, JfaProfError, ToolMissingError
-from jfa_prof.ptxas import (LocalMemoryStats, PtxasFunctionStats, WaitStats, count_local_memory, count_waits,
+from jfa_prof.ptxas import (LocalMemoryStats, MatmulLoopStats, PtxasFunctionStats, WaitStats, count_local_memory,
+                            count_waits, matmul_loops,
                             entry_stats, parse_ptxas_log)
 
 # Bump when the cached layout or the meaning of a field changes; old entries then miss.
@@ -131,6 +132,10 @@ class CompileResult:
     @functools.cached_property
     def waits(self) -> WaitStats:
         return count_waits(self.sass)
+
+    @functools.cached_property
+    def loops(self) -> MatmulLoopStats:
+        return matmul_loops(self.sass)
 
 
 # ---------------------------------------------------------------------------------------------

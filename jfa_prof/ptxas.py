@@ -316,3 +316,77 @@ def count_waits(sass_text: str) -> WaitStats:
         elif op.startswith("BAR.SYNC"):
             barriers += 1
     return WaitStats(wgmma_groups=groups, wgmma_waits=waits, wgmma_in_flight=most, barriers=barriers)
+
+
+@dataclass(frozen=True)
+class MatmulLoopStats:
+    """The innermost SASS loops that issue wgmma, counted per iteration. A warp-specialized kernel
+    has one copy per consumer; the figures are the worst copy's, since its consumer sets the pace."""
+
+    loops: int  # innermost loops with wgmma, every copy
+    instructions: int  # the longest body
+    shuffles: int  # PRMT: byte permutes, e.g. a register operand's halves swapped before a matmul
+    fences: int  # FENCE.VIEW.ASYNC: generic-to-async proxy fences, each also a MEMBAR
+    local: int  # LDL + STL: spill traffic paid on every iteration
+    # Of the loop's MUFU instructions (exp2 and the like), the share issued while a wgmma group is
+    # still in flight: 1.0 when a softmax overlaps its own P·V, 0.0 when the code waits first.
+    mufu_overlap: float
+
+
+def _loop_bodies(instrs: list[re.Match]) -> list[list[re.Match]]:
+    """Bodies of the innermost loops that contain an HGMMA: the span from a backward branch's target
+    to the branch, keeping only spans that hold no other such span."""
+    index = {int(m.group("off"), 16): i for i, m in enumerate(instrs)}
+    spans = []
+    for i, m in enumerate(instrs):
+        if not m.group("op").startswith("BRA"):
+            continue
+        target = re.search(r"0x([0-9a-fA-F]+)", m.group("rest"))
+        start = index.get(int(target.group(1), 16)) if target else None
+        body = instrs[start:i] if start is not None and start < i else []
+        # Out-of-line code after the kernel's exit (a barrier wait's retry) also branches back
+        # into a loop: a span with an EXIT in it is not a loop body.
+        if any(x.group("op").startswith("HGMMA") for x in body) and not any(x.group("op") == "EXIT" for x in body):
+            spans.append((start, i))
+    inner = [s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
+    return [instrs[a:b + 1] for a, b in sorted(set(inner))]
+
+
+def _mufu_overlap(body: list[re.Match]) -> tuple[int, int]:
+    """(MUFU instructions, those issued with a wgmma group in flight) in one loop body. The state at
+    the top of the body is the one its end leaves (the loop comes round)."""
+    def step(state, m):
+        op = m.group("op")
+        if op.startswith("HGMMA") and "gsb0" in m.group("rest"):
+            return True
+        if op.startswith("WARPGROUP.DEPBAR"):
+            pending = re.search(r"0x([0-9a-fA-F]+)", m.group("rest"))
+            return bool(pending and int(pending.group(1), 16) > 0)
+        return state
+    state = False
+    for m in body:
+        state = step(state, m)
+    total = overlapped = 0
+    for m in body:
+        if m.group("op").startswith("MUFU"):
+            total += 1
+            overlapped += state
+        state = step(state, m)
+    return total, overlapped
+
+
+def matmul_loops(sass_text: str) -> MatmulLoopStats:
+    """The per-iteration anatomy of the innermost wgmma loops in ``cuobjdump --dump-sass`` text (see
+    ``MatmulLoopStats``); all zeros when there is none. Raises ``PtxasLogError`` without SASS."""
+    bodies = _loop_bodies(_sass_instructions(sass_text))
+    if not bodies:
+        return MatmulLoopStats(loops=0, instructions=0, shuffles=0, fences=0, local=0, mufu_overlap=0.0)
+
+    def count(body, *prefixes):
+        return sum(1 for m in body if m.group("op").startswith(prefixes))
+    overlaps = [_mufu_overlap(b) for b in bodies]
+    return MatmulLoopStats(
+        loops=len(bodies), instructions=max(len(b) for b in bodies),
+        shuffles=max(count(b, "PRMT") for b in bodies), fences=max(count(b, "FENCE.VIEW.ASYNC") for b in bodies),
+        local=max(count(b, *_LOCAL_OPS) for b in bodies),
+        mufu_overlap=min((o / t for t, o in overlaps if t), default=0.0))

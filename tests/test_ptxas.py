@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from jfa_prof.errors import BadInputError
-from jfa_prof.ptxas import PtxasLogError, count_local_memory, count_waits, entry_stats, parse_ptxas_log
+from jfa_prof.ptxas import PtxasLogError, count_local_memory, count_waits, entry_stats, matmul_loops, parse_ptxas_log
 
 DATA = Path(__file__).parent / "data" / "ptxas"
 
@@ -216,3 +216,37 @@ def test_waits_count_groups_issued_before_each_wait():
         "HGMMA.64x64x16.F32.BF16 R56, gdesc[UR12], R56, gsb0", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "EXIT")
     assert count_waits(serialized).wgmma_in_flight == 1
     assert count_waits(_sass("LDC R1, c[0x0][0x28]", "EXIT")).wgmma_in_flight == 0
+
+
+def _kv_loop(*softmax: str) -> list[str]:
+    """A consumer's KV loop as SASS lines (offsets 0x10 apart, the loop starting at 0x0010): QK^T
+    and P·V issued, then `softmax` between the two waits' neighbours, then the back branch."""
+    return ["WARPGROUP.ARRIVE", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0",
+            "PRMT R152, R152, 0x5432, R152", "HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR8].tnspB, R88, gsb0",
+            *softmax, "ISETP.GE.AND P0, PT, R2, R3, PT", "@!P0 BRA 0x10"]
+
+
+def test_matmul_loops_tell_whether_the_softmax_overlaps_the_matmul():
+    overlapped = _sass("NOP", *_kv_loop("WARPGROUP.DEPBAR.LE gsb0, 0x1", "MUFU.EX2 R4, R4", "MUFU.EX2 R5, R5",
+                                        "WARPGROUP.DEPBAR.LE gsb0, 0x0"), "EXIT")
+    s = matmul_loops(overlapped)
+    assert (s.loops, s.shuffles, s.fences, s.local, s.mufu_overlap) == (1, 1, 0, 0, 1.0)
+    assert s.instructions == 10  # from the loop's first instruction to its back branch
+    serial = _sass("NOP", *_kv_loop("WARPGROUP.DEPBAR.LE gsb0, 0x1", "FENCE.VIEW.ASYNC.S", "LDL R7, [R1]",
+                                    "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R4, R4", "MUFU.EX2 R5, R5"), "EXIT")
+    s = matmul_loops(serial)
+    assert (s.fences, s.local, s.mufu_overlap) == (1, 1, 0.0)
+    # A loop without matmuls, and a barrier-retry stub after EXIT branching back, are not wgmma loops.
+    assert matmul_loops(_sass("NOP", "MUFU.EX2 R4, R4", "@P0 BRA 0x10", "EXIT")).loops == 0
+    stub = _sass("NOP", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0", "EXIT", "BRA 0x10")
+    assert matmul_loops(stub).loops == 0
+
+
+def test_forward_kv_loop_anatomy():
+    """The broadcast forward's KV loop, one copy per consumer. Its output staged through the Q buffer
+    makes the compiler fence every iteration's QK^T (the proxy fence the TLX tutorial's loop lacks)."""
+    from jfa_prof.compile import _registered_variants, compile_variant
+
+    loops = compile_variant(_registered_variants()["fwd/bcast/bf16/d128/dynamic/peel/noprof"]).loops
+    assert loops.loops == 2 and loops.fences == 1 and loops.local == 0
+    assert 400 < loops.instructions < 1000

@@ -25,7 +25,8 @@ def _res(variant, **kw):
 
 
 PEEL = _res("fwd/bcast/peel", registers=168, spill_store_bytes=188, spill_load_bytes=184, stack_bytes=80,
-            smem_bytes=229688, ldl=46, stl=47, wgmma_in_flight=2, barriers=31, compile_seconds=9.04, cached=True)
+            smem_bytes=229688, ldl=46, stl=47, wgmma_in_flight=2, barriers=31, loop_instructions=612,
+            mufu_overlap=1.0, compile_seconds=9.04, cached=True)
 NOPEEL = _res("fwd/bcast/nopeel", tags={"pass": "fwd", "peel": "false"}, registers=168, spill_store_bytes=248,
               spill_load_bytes=228, stack_bytes=88, smem_bytes=229688, ldl=57, stl=62, compile_seconds=8.2,
               warnings=(WGMMA_NOTE,))
@@ -116,14 +117,15 @@ def test_render_table():
     assert "registers and spills, sm_90a: 2 of 4 variants spill, 1 failed to compile" in text
     lines = text.splitlines()
     peel = next(ln for ln in lines if ln.lstrip().startswith("fwd/bcast/peel"))
-    # registers, spill bytes (stores + loads), smem KiB, LDL, STL, wgmma groups in flight, barriers, build s
-    assert peel.split()[1:] == ["168", "372", "224.3", "46", "47", "2", "31", "9.0"]
+    # registers, spill bytes (stores + loads), smem KiB, LDL, STL, wgmma groups in flight, barriers,
+    # KV-loop instructions, its exp2 overlapping a matmul, build s
+    assert peel.split()[1:] == ["168", "372", "224.3", "46", "47", "2", "31", "612", "100%", "9.0"]
     nopeel = next(ln for ln in lines if ln.lstrip().startswith("fwd/bcast/nopeel"))
     assert nopeel.split()[1:3] == ["[1]", "168"]
     clean_line = next(ln for ln in lines if ln.lstrip().startswith("fwd/clean"))
     assert clean_line.split()[1:8] == ["255", "0", "1.0", "0", "0", "0", "0"]
     broken_line = next(ln for ln in lines if ln.lstrip().startswith("bwd/x"))
-    assert broken_line.split()[1:] == ["[2]"] + ["-"] * 8
+    assert broken_line.split()[1:] == ["[2]"] + ["-"] * 10
     assert "1: every matmul waited for before the next" in text
     assert f"[1] ptxas: {WGMMA_NOTE}" in text
     assert "[2] failed: ptxas rejected _jfa_bwd: boom" in text

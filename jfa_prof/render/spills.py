@@ -24,12 +24,18 @@ _LABELS = {
     "stl": "STL",
     "wgmma_in_flight": "mma\nflight",
     "barriers": "BAR",
+    "loop_instructions": "loop\ninstr",
+    "loop_shuffles": "loop\nPRMT",
+    "loop_fences": "loop\nfence",
+    "loop_local": "loop\nLDL/STL",
+    "mufu_overlap": "exp\n\u2225mma",
 }
 # More is better for these: a rise is drawn green in a comparison.
-_MORE_IS_BETTER = {"wgmma_in_flight"}
+_MORE_IS_BETTER = {"wgmma_in_flight", "mufu_overlap"}
 # The table shows the spill total; its stores and loads, and the stack frame the spills live in, are
 # in the JSON (80 columns hold no more).
-_TABLE_METRICS = ("registers", "spill_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers")
+_TABLE_METRICS = ("registers", "spill_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers",
+                  "loop_instructions", "mufu_overlap")
 _FLIGHT = _TABLE_METRICS.index("wgmma_in_flight")
 # Hopper's register file gives each thread at most 255; a kernel at the cap is likely to spill
 # on the next change.
@@ -49,6 +55,8 @@ def _fmt(metric: str, v: Any) -> str:
         return "-"
     if metric == "smem_bytes":
         return f"{int(v) / 1024:.1f}"
+    if metric == "mufu_overlap":
+        return f"{float(v):.0%}"
     return str(int(v))
 
 
@@ -68,7 +76,7 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
         title += f", {n_failed} failed to compile"
     t = Table(title=escape(title), title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
               collapse_padding=True, pad_edge=False)
-    t.add_column("variant", overflow="fold", min_width=24)
+    t.add_column("variant", overflow="fold", min_width=14)
     for m in _TABLE_METRICS:
         t.add_column(_LABELS[m], justify="right", no_wrap=True)
     t.add_column("build\ns", justify="right", no_wrap=True)
@@ -101,7 +109,9 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
         t.add_row(name + marks(["ptxas: " + w for w in r["warnings"]]), *cells, secs)
     out.print(t)
     out.print("[dim]mma flight: the most wgmma groups issued before a wait (1: every matmul waited for before "
-              "the next, none overlap); BAR: barrier instructions, the compiler's included[/]")
+              "the next, none overlap); BAR: barrier instructions, the compiler's included; loop instr: one "
+              "iteration of the innermost wgmma loop (its longest copy); exp\u2225mma: share of that loop's "
+              "exp2 (MUFU) issued while a matmul is in flight (JSON: the loop's PRMT, fences, LDL/STL)[/]")
     if table["cached"].any():
         out.print("[dim]dim build times: from the compile cache, as measured when first built[/]")
     for text, n in notes.items():
@@ -130,7 +140,12 @@ def render_comparison(cmp: SpillComparison, *, console: Console | None = None, f
         elif delta == 0:
             change = "0"
         else:
-            shown = f"{delta / 1024:+.1f}" if d.metric == "smem_bytes" else f"{delta:+d}"
+            if d.metric == "smem_bytes":
+                shown = f"{delta / 1024:+.1f}"
+            elif d.metric == "mufu_overlap":
+                shown = f"{delta:+.0%}"
+            else:
+                shown = f"{int(delta):+d}"
             better = delta > 0 if d.metric in _MORE_IS_BETTER else delta < 0
             change = f"[{'green' if better else 'red'}]{shown}[/]"
         t.add_row(_LABELS[d.metric].replace("\n", " "), _fmt(d.metric, d.a), _fmt(d.metric, d.b), change)
