@@ -39,8 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from jfa_prof.errors import BadInputError, JfaProfError, ToolMissingError
 from jfa_prof.ptxas import (LocalMemoryStats, MatmulLoopStats, PtxasFunctionStats, WaitStats, count_local_memory,
-                            count_waits, matmul_loops,
-                            entry_stats, parse_ptxas_log)
+                            count_waits, entry_stats, matmul_loops, parse_ptxas_log)
 
 # Bump when the cached layout or the meaning of a field changes; old entries then miss.
 _CACHE_FORMAT = 4

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from io import StringIO
@@ -279,3 +280,12 @@ def test_cli_reports_a_variant_that_fails(cli_variants, monkeypatch):
     (row,) = json.loads(result.stdout)["variants"]
     assert row["variant"] == "test/broken" and "register_hog_kernel failed to compile" in row["error"]
     assert "1 of 1 variants failed to compile" in result.output
+
+
+def test_cli_compare_takes_a_full_name_over_longer_names_it_starts(cli_variants):
+    hog = next(v for v in cli_variants if v.name == "test/hog/maxnreg64")
+    cli_variants.append(dataclasses.replace(hog, name="test/hog/maxnreg64/again"))
+    result = _invoke("--compare", "test/ws_gemm/bf16", "test/hog/maxnreg64", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["b"] == "test/hog/maxnreg64"
+    assert "matched 2" in _invoke("--compare", "test/ws_gemm/bf16", "test/hog").output

@@ -81,6 +81,9 @@ def spills(
 def _one(matches: list, pattern: str):
     from jfa_prof.errors import BadInputError
 
+    # A full name picks its variant even where longer names extend it (".../noprof" and ".../noprof/n64").
+    exact = [v for v in matches if v.name == pattern]
+    matches = exact or matches
     if len(matches) != 1:
         names = ", ".join(v.name for v in matches[:4]) or "none"
         raise BadInputError(f"--compare {pattern!r} must match exactly one variant, matched {len(matches)}",
