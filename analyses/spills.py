@@ -56,7 +56,7 @@ class VariantResources:
     loop_shuffles: int = 0
     loop_fences: int = 0
     loop_local: int = 0
-    mufu_overlap: float = 0.0
+    mufu_overlap: float | None = None  # None: no MUFU in the loop
     compile_seconds: float | None = None
     cached: bool = False
     warnings: tuple[str, ...] = ()

@@ -329,8 +329,9 @@ class MatmulLoopStats:
     fences: int  # FENCE.VIEW.ASYNC: generic-to-async proxy fences, each also a MEMBAR
     local: int  # LDL + STL: spill traffic paid on every iteration
     # Of the loop's MUFU instructions (exp2 and the like), the share issued while a wgmma group is
-    # still in flight: 1.0 when a softmax overlaps its own P·V, 0.0 when the code waits first.
-    mufu_overlap: float
+    # still in flight: 1.0 when a softmax overlaps its own P·V, 0.0 when the code waits first; None
+    # when no loop has any (a plain GEMM).
+    mufu_overlap: float | None
 
 
 def _loop_bodies(instrs: list[re.Match]) -> list[list[re.Match]]:
@@ -377,10 +378,10 @@ def _mufu_overlap(body: list[re.Match]) -> tuple[int, int]:
 
 def matmul_loops(sass_text: str) -> MatmulLoopStats:
     """The per-iteration anatomy of the innermost wgmma loops in ``cuobjdump --dump-sass`` text (see
-    ``MatmulLoopStats``); all zeros when there is none. Raises ``PtxasLogError`` without SASS."""
+    ``MatmulLoopStats``); zeros when there is none. Raises ``PtxasLogError`` without SASS."""
     bodies = _loop_bodies(_sass_instructions(sass_text))
     if not bodies:
-        return MatmulLoopStats(loops=0, instructions=0, shuffles=0, fences=0, local=0, mufu_overlap=0.0)
+        return MatmulLoopStats(loops=0, instructions=0, shuffles=0, fences=0, local=0, mufu_overlap=None)
 
     def count(body, *prefixes):
         return sum(1 for m in body if m.group("op").startswith(prefixes))
@@ -389,4 +390,4 @@ def matmul_loops(sass_text: str) -> MatmulLoopStats:
         loops=len(bodies), instructions=max(len(b) for b in bodies),
         shuffles=max(count(b, "PRMT") for b in bodies), fences=max(count(b, "FENCE.VIEW.ASYNC") for b in bodies),
         local=max(count(b, *_LOCAL_OPS) for b in bodies),
-        mufu_overlap=min((o / t for t, o in overlaps if t), default=0.0))
+        mufu_overlap=min((o / t for t, o in overlaps if t), default=None))

@@ -238,6 +238,10 @@ def test_matmul_loops_tell_whether_the_softmax_overlaps_the_matmul():
     assert (s.fences, s.local, s.mufu_overlap) == (1, 1, 0.0)
     # A loop without matmuls, and a barrier-retry stub after EXIT branching back, are not wgmma loops.
     assert matmul_loops(_sass("NOP", "MUFU.EX2 R4, R4", "@P0 BRA 0x10", "EXIT")).loops == 0
+    # A loop of matmuls alone has no exponentials to overlap: no share rather than 0%.
+    gemm = matmul_loops(_sass("NOP", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24, gsb0",
+                              "WARPGROUP.DEPBAR.LE gsb0, 0x0", "@P0 BRA 0x10", "EXIT"))
+    assert gemm.loops == 1 and gemm.mufu_overlap is None
     stub = _sass("NOP", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0", "EXIT", "BRA 0x10")
     assert matmul_loops(stub).loops == 0
 

@@ -125,6 +125,7 @@ def test_render_table():
     assert nopeel.split()[1:3] == ["[1]", "168"]
     clean_line = next(ln for ln in lines if ln.lstrip().startswith("fwd/clean"))
     assert clean_line.split()[1:8] == ["255", "0", "1.0", "0", "0", "0", "0"]
+    assert clean_line.split()[9] == "-"  # no exponentials in its loop, no overlap share
     broken_line = next(ln for ln in lines if ln.lstrip().startswith("bwd/x"))
     assert broken_line.split()[1:] == ["[2]"] + ["-"] * 10
     assert "1: every matmul waited for before the next" in text

@@ -37,6 +37,7 @@ _MORE_IS_BETTER = {"wgmma_in_flight", "mufu_overlap"}
 _TABLE_METRICS = ("registers", "spill_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers",
                   "loop_instructions", "mufu_overlap")
 _FLIGHT = _TABLE_METRICS.index("wgmma_in_flight")
+_OVERLAP = _TABLE_METRICS.index("mufu_overlap")
 # Hopper's register file gives each thread at most 255; a kernel at the cap is likely to spill
 # on the next change.
 _REG_CAP = 255
@@ -102,6 +103,8 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
                     cells[i] = f"[bold yellow]{cells[i]}[/]"
         if r["wgmma_in_flight"] == 1:
             cells[_FLIGHT] = f"[bold yellow]{cells[_FLIGHT]}[/]"
+        if not _missing(r["mufu_overlap"]) and r["mufu_overlap"] < 0.5:
+            cells[_OVERLAP] = f"[bold yellow]{cells[_OVERLAP]}[/]"
         secs = "-" if _missing(r["compile_seconds"]) else f"{r['compile_seconds']:.1f}"
         if r["cached"]:
             secs = f"[dim]{secs}[/]"
