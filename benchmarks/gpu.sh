@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants record_bwd host bwd_ab ncu_prof
+#   bwd_variants fwd_variants record_bwd host bwd_ab ncu_prof calibration
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -114,6 +114,20 @@ ncu_prof() {  # hardware counters of the forward uninstrumented (A) against tile
     python -m jfa_prof ncu --report "$OUT/fwd_${s}_prof0.ncu-rep" --compare "$OUT/fwd_${s}_prof0.vs-$s-prof1.ncu-rep" \
       --top 12 2>&1 | grep -v Warning | tail -40
   done
+}
+calibration() {  # the forward against the TLX Hopper tutorial kernel on dense shapes, then ncu of each
+  python benchmarks/fwd_calibration.py --out "$OUT/fwd_calibration.json" 2>&1 | grep -v Warn | tail -9
+  local ncu metrics
+  ncu=$(python -c "from jfa_prof.ncu_live import require_ncu; print(require_ncu())") || return 1
+  metrics=$(python -c "from jfa_prof import ncu_metrics; print(ncu_metrics.metric_list('sm_90'))")
+  for t in jfa tutorial; do
+    "$ncu" --clock-control none -k regex:'^(_jfa_fwd|_attn_fwd_ws_pipelined_pingpong_persistent)$' -s 2 -c 1 \
+      --metrics "$metrics" --section WarpStateStats -o "$OUT/fwd_dense_$t" -f \
+      python benchmarks/fwd_calibration.py --ncu-target $t > "$OUT/ncu_calibration_$t.log" 2>&1
+    tail -1 "$OUT/ncu_calibration_$t.log"
+  done
+  python -m jfa_prof ncu --report "$OUT/fwd_dense_jfa.ncu-rep" --compare "$OUT/fwd_dense_tutorial.ncu-rep" 2>&1 \
+    | grep -v Warning | tail -40
 }
 ncu_bwd() {  # hardware counters of the backward: TMA reduce-add vs atomics for dQ
   python -m jfa_prof ncu --pass bwd --dq tma --vs-dq atomic --grid hsp --lq 256 --max-kv 2048 --sparsity 0.5 \
