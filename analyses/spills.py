@@ -94,7 +94,6 @@ METRICS: tuple[str, ...] = ("registers", "spill_store_bytes", "spill_load_bytes"
                             "stack_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers",
                             "loop_instructions", "loop_shuffles", "loop_fences", "loop_local", "mufu_overlap")
 
-_LOOP_METRICS = METRICS[METRICS.index("loop_instructions"):]
 _COLUMNS = ("variant", "kernel") + METRICS + ("compile_seconds", "cached", "warnings", "error")
 
 
@@ -111,17 +110,7 @@ def spill_table(resources: Iterable[VariantResources]) -> pd.DataFrame:
         rec.update({k: r.tags.get(k, "") for k in tag_keys})
         ok = r.error is None
         rec.update({
-            "registers": r.registers if ok else None,
-            "spill_store_bytes": r.spill_store_bytes if ok else None,
-            "spill_load_bytes": r.spill_load_bytes if ok else None,
-            "spill_bytes": r.spill_bytes if ok else None,
-            "stack_bytes": r.stack_bytes if ok else None,
-            "smem_bytes": r.smem_bytes if ok else None,
-            "ldl": r.ldl if ok else None,
-            "stl": r.stl if ok else None,
-            "wgmma_in_flight": r.wgmma_in_flight if ok else None,
-            "barriers": r.barriers if ok else None,
-            **{m: getattr(r, m) if ok else None for m in _LOOP_METRICS},
+            **{m: getattr(r, m) if ok else None for m in METRICS},
             "compile_seconds": r.compile_seconds,
             "cached": r.cached,
             "warnings": list(r.warnings),
