@@ -36,6 +36,7 @@ __all__ = [
     "lpt_order",
     "predict_trace",
     "simulate",
+    "tile_pitch",
     "work_list_from_tiles",
 ]
 
@@ -61,7 +62,7 @@ class CostModel:
                 "r2": None if math.isnan(self.r2) else self.r2, "n_tiles": self.n_tiles, "basis": self.basis}
 
 
-def _tile_pitch(tiles: pd.DataFrame) -> np.ndarray:
+def tile_pitch(tiles: pd.DataFrame) -> np.ndarray:
     """Per tile, the time until the next tile of its CTA starts (its own duration for the last).
 
     That is what a tile costs a serial CTA, overheads and overlap with its neighbours included,
@@ -88,7 +89,7 @@ def fit_cost_model(tiles: pd.DataFrame, *, basis: str = "pitch") -> CostModel:
         raise ValueError(f"basis must be 'pitch' or 'duration', got {basis!r}")
     if not len(tiles):
         raise ValueError("cannot fit a cost model to an empty tile table")
-    y = _tile_pitch(tiles) if basis == "pitch" else tiles["dur_ns"].to_numpy(np.float64)
+    y = tile_pitch(tiles) if basis == "pitch" else tiles["dur_ns"].to_numpy(np.float64)
     n = tiles["n_blocks"].to_numpy(np.float64)
     if np.ptp(n) == 0:
         # One tile size: only the total per tile is identifiable; call it all per-block cost.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants record_bwd host bwd_ab ncu_prof calibration
+#   bwd_variants fwd_variants record_bwd host bwd_ab ncu_prof calibration limits
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -52,6 +52,13 @@ bench() {  # forward over the HSP and dense grids beside the peers (FA4 when imp
   for grid in ${BENCH_GRIDS:-hsp dense}; do
     python -m jfa_prof bench --pass fwd --grid $grid --peers fa4,varlen,sdpa --no-detail \
       --out "$OUT/bench_fwd_$grid.json" --html "$OUT/bench_fwd_$grid.html" 2>&1 | grep -v Warning | tail -25
+  done
+}
+limits() {  # both passes on the HSP and dense grids beside FA4, with our kernel recorded at every point: what limits each
+  for pg in ${LIMITS_RUNS:-fwd,hsp bwd,hsp fwd,dense bwd,dense}; do
+    IFS=, read -r pass grid <<< "$pg"
+    python -m jfa_prof bench --pass $pass --grid $grid --peers ${LIMITS_PEERS:-fa4} --no-detail --limits \
+      --out "$OUT/limits_${pass}_$grid.json" 2>&1 | grep -v Warning | tail -${LIMITS_TAIL:-24}
   done
 }
 bench_bwd() {  # backward over the HSP and dense grids beside the peers (FA4 when importable)

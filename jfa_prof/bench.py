@@ -27,9 +27,9 @@ from jfa_prof.ablations import PASSES, check_pass, workload_dict
 from jfa_prof.errors import BadInputError, read_json_file
 from jfa_prof.schedule import DEFAULT_SCHEDULE
 
-__all__ = ["PASSES", "PEERS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
+__all__ = ["PASSES", "PEERS", "TARGETS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
            "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status", "reference_output",
-           "rel_err", "run_bench", "select_workloads", "upstream_grad"]
+           "record_split", "rel_err", "run_bench", "select_workloads", "upstream_grad"]
 
 # CLI key -> implementation name in result files (the names earlier files used).
 PEERS = {"fa4": "fa4", "varlen": "torch-varlen", "sdpa": "torch-sdpa", "flex": "torch-flex"}
@@ -39,6 +39,8 @@ PEER_NOTES = {
     "sdpa": "scaled_dot_product_attention on padded tensors with a mask",
     "flex": "torch.compile(flex_attention) with a document block mask",
 }
+# The speed-up over FA4 each pass aims for per grid (SPEC §8); grids not named here have none.
+TARGETS = {("fwd", "hsp"): 1.15, ("fwd", "dense"): 1.0, ("bwd", "hsp"): 1.5, ("bwd", "dense"): 1.0}
 # bf16 operands land between 1e-3 and 1e-2 against an fp32 reference; more is a wrong kernel.
 DEFAULT_TOL = 1e-2
 FORMAT = "jfa-prof bench 1"
@@ -611,13 +613,15 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
               tol: float = DEFAULT_TOL, check_reference: bool = True, host: bool = True,
               timer: Callable[..., float] | None = None, device=None,
               on_impl: Callable[[str, str], None] | None = None,
-              on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+              on_point: Callable[[dict[str, Any]], None] | None = None, limits: bool = False) -> list[dict[str, Any]]:
     """Time every implementation on every workload; returns the records (without ``meta``).
 
     ``impls(x)`` replaces the default list (``jfa_impls(x, schedules)`` then the available
     ``peers``); ``baseline`` names the implementation timed twice (default: the first).
     ``on_impl(label, name)`` is called before each implementation, ``on_point(record)`` after
     each point. Peers that are not installed are left out here; :func:`peer_status` says why.
+    ``limits``: also record our kernel (the first schedule) at each point, after the timings,
+    and keep the split of its time (:func:`record_split`) as ``record["time_split"]``.
     """
     import torch
 
@@ -665,12 +669,34 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
                 record["host_ms"] = fwd_host_breakdown(x, schedule=schedules[0] if schedules else DEFAULT_SCHEDULE)
             except Exception as e:
                 record["host_ms"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        if limits:
+            if on_impl:
+                on_impl(w.label, "recording")
+            try:
+                record["time_split"] = record_split(w, pass_, schedules[0] if schedules else DEFAULT_SCHEDULE)
+            except Exception as e:  # the timings stand without it
+                record["time_split"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         records.append(record)
         if on_point:
             on_point(record)
         del x, ref, first_out, point
         torch.cuda.empty_cache()
     return records
+
+
+def record_split(workload, pass_: str, schedule: str) -> dict[str, Any]:
+    """Record one launch of our kernel on ``workload`` with tile records only (level 1, the
+    cheapest) and split its time (`jfa_prof.analyses.limits.time_split`)."""
+    from jfa_prof.analyses.limits import time_split
+    from jfa_prof.recording import record_bwd_workload, record_workload
+
+    trace = (record_workload(workload, schedule, level=1) if pass_ == "fwd"
+             else record_bwd_workload(workload, schedule, level=1))
+    if trace.dropped:
+        raise RuntimeError(f"{trace.dropped} tile records dropped: the split would miss them")
+    split = time_split(trace.tiles, trace.n_ctas, trace.makespan_ns)
+    return {"schedule": schedule, "profile_level": 1, "variant": trace.meta["kernel"]["variant"],
+            "kernel_ms": trace.kernel_ms, **split.to_dict()}
 
 
 def results_document(records: list[dict[str, Any]], meta: dict[str, Any],
@@ -763,6 +789,31 @@ class BenchResults:
                   "floor_ms", "roof"):
             df[c] = pd.to_numeric(df[c], errors="coerce")
         return df
+
+    def splits(self) -> list:
+        """Per record, the `jfa_prof.analyses.limits.TimeSplit` recorded with ``--limits``, or None;
+        fit over every point of the file that ran the same compiled kernel (``pooled``)."""
+        from jfa_prof.analyses.limits import TimeSplit, pooled
+
+        raw = [r.get("time_split") for r in self.records]
+        ok = [isinstance(s, dict) and "error" not in s for s in raw]
+        return pooled([TimeSplit.from_dict(s) if good else None for s, good in zip(raw, ok)],
+                      [(r.get("pass", "fwd"), s.get("variant") if good else None)
+                       for r, s, good in zip(self.records, raw, ok)])
+
+    def limits(self) -> list:
+        """Per record, `jfa_prof.analyses.limits.PointLimit` of our fastest implementation against
+        FA4 at the grid's target (:data:`TARGETS`), from the split recorded with ``--limits``;
+        None where the record has no split, no FA4 time or no target."""
+        from jfa_prof.analyses.limits import point_limit
+
+        out = []
+        for r, split in zip(self.records, self.splits()):
+            target = TARGETS.get((r.get("pass", "fwd"), r["workload"].get("grid")))
+            ours = [e["ms"] for n, e in r["impls"].items() if impl_kind(n) == "jfa" and e.get("ms")]
+            fa4 = (r["impls"].get("fa4") or {}).get("ms")
+            out.append(point_limit(split, min(ours), fa4, target) if split and ours and fa4 and target else None)
+        return out
 
     def filter(self, *, grid: str | None = None, labels: Sequence[str] | None = None,
                pass_: str | None = None) -> BenchResults:

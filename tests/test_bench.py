@@ -349,3 +349,24 @@ def test_run_bench_backward_small_point(cuda_device):
     for name, e in rec["impls"].items():
         if "error" not in e:
             assert e["rel_err_vs_ref"] < 2e-2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_run_bench_records_the_time_split(cuda_device, pass_):
+    w = Workload("hsp", B=256, H=4, H_kv=4, D=128, Lq=256, max_kv=1024, sparsity=0.5, broadcast_q=True)
+    (rec,) = bench.run_bench([w], pass_=pass_, peers=[], rep_ms=10, warmup_ms=5, device=cuda_device, limits=True,
+                             host=False)
+    s = rec["time_split"]
+    assert "error" not in s, s
+    assert s["profile_level"] == 1 and s["schedule"] == "dynamic" and s["kernel_ms"] > 0
+    assert s["n_ctas"] == torch.cuda.get_device_properties(cuda_device).multi_processor_count
+    # The backward's broadcast-Q tiles all walk Lq / 64 query blocks: a point alone has one tile
+    # size, and its fit puts every busy ns on the blocks (a = 0).
+    assert s["a_ns"] >= 0 and s["b_ns"] > 0 and s["n_blocks"] >= s["n_tiles"] > 0
+    assert s["sums"]["count"] == s["n_tiles"] and s["sums"]["sx"] == s["n_blocks"]
+    assert s["sums"]["sy"] == pytest.approx(s["busy_ns"]) and s["busy_ns"] <= s["n_ctas"] * s["makespan_ns"]
+    assert s["blocks_share"] + s["tile_share"] + s["idle_share"] == pytest.approx(1.0)
+    assert 0 <= s["idle_share"] < 1 and s["blocks_share"] > 0.2
+    # The recording's makespan is the instrumented kernel (CUPTI), less its launch ramp.
+    assert 0.7 < s["makespan_ns"] / 1e6 / s["kernel_ms"] <= 1.01

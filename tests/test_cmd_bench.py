@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -15,6 +16,7 @@ from jfa_prof.cli import app
 runner = CliRunner()
 H200 = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "fwd_hsp_h200_2026-11-30.json"
 POINT = "hsp Lq=256 max=2048 s=0.1"
+FA4_FILE = H200.parent / "bench_fwd_hsp_h200_2026-11-30e.json"  # timed beside FA4
 
 
 @pytest.fixture
@@ -102,6 +104,59 @@ def test_bench_without_gpu_exits_3(no_gpu):
     assert result.exit_code == 3
     assert "no CUDA GPU is visible: jfa-prof bench needs an sm_90 GPU" in result.stderr
     assert "--results FILE" in result.stderr
+
+
+def test_bench_recorded_limits(tmp_path):
+    """Points with a time split get a verdict against FA4 at their grid's target; the others none."""
+    doc = json.loads(FA4_FILE.read_text())
+    from jfa_prof.analyses.limits import FitSums
+
+    # Tiles of 5 and 15 blocks costing 10 µs + 8 µs a block; 90% of the CTA time busy: blocks 80%, tile 10%.
+    x = np.array([5.0, 15.0] * 660)
+    sums = FitSums.of(x, 10_000.0 + 8_000.0 * x).__dict__
+    split = {"n_ctas": 132, "makespan_ns": 1e6, "n_tiles": 1320, "n_blocks": 13200, "busy_ns": 0.9 * 132e6,
+             "a_ns": 0.0, "b_ns": 1.0, "r2": None, "sums": sums, "variant": "fwd/x", "profile_level": 1}
+    doc["results"][0]["time_split"] = split
+    doc["results"][1]["time_split"] = {"error": "RuntimeError: 3 tile records dropped"}
+    p = tmp_path / "limits.json"
+    p.write_text(json.dumps(doc))
+    d = _json(runner.invoke(app, ["bench", "--results", str(p), "--json"]))
+    first, second, *rest = d["point_limits"]
+    assert second is None and all(x is None for x in rest)
+    fa4, ours = (min(e["ms"] for n, e in doc["results"][0]["impls"].items() if n.startswith(k)) for k in ("fa4", "jfa"))
+    assert first["ours_ms"] == pytest.approx(ours) and first["peer_ms"] == pytest.approx(fa4)
+    assert first["target"] == 1.15 and first["blocks_ms"] == pytest.approx(0.8 * ours)
+    assert first["tile_ms"] == pytest.approx(0.1 * ours) and first["idle_ms"] == pytest.approx(0.1 * ours)
+    assert first["limit"] == ("met" if ours <= fa4 / 1.15 else "blocks" if 0.8 * ours > fa4 / 1.15 else "idle")
+    result = runner.invoke(app, ["bench", "--results", str(p)], terminal_width=120)
+    assert result.exit_code == 0, result.output
+    assert "what limits each point" in result.stdout and "target 1.15× FA4" in result.stdout
+    assert f"{doc['results'][1]['workload']['label']}: no time split: RuntimeError: 3 tile records dropped" \
+        in result.stdout
+
+
+def test_bench_live_keeps_the_points_measured_before_a_failure(tmp_path, monkeypatch):
+    """A live run writes each finished point to --out at once; --limits reaches run_bench."""
+    from jfa_prof import bench as lib
+    from jfa_prof import timing
+
+    recorded = lib.load_results(H200).records
+    seen = {}
+
+    def fake_run_bench(workloads, *, on_impl, on_point, limits, **kw):
+        seen["limits"] = limits
+        on_impl(workloads[0].label, "jfa-dynamic")
+        on_point({k: v for k, v in recorded[0].items() if k != "meta"})
+        raise RuntimeError("the GPU fell off the bus")
+
+    monkeypatch.setattr(timing, "require_gpu", lambda *a, **k: None)
+    monkeypatch.setattr(lib, "run_bench", fake_run_bench)
+    out = tmp_path / "partial.json"
+    result = runner.invoke(app, ["bench", "--peers", "", "--limits", "--out", str(out)])
+    assert isinstance(result.exception, RuntimeError) and seen["limits"] is True
+    kept = lib.load_results(out)
+    assert [r["workload"]["label"] for r in kept.records] == [recorded[0]["workload"]["label"]]
+    assert kept.records[0]["impls"] == recorded[0]["impls"] and kept.meta["command"].startswith("jfa-prof")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -36,6 +36,8 @@ def bench(
                                                "Default: only for up to 4 points."),
     results: Optional[Path] = typer.Option(None, "--results", help="Render a recorded result file instead of "
                                                                    "measuring; no GPU needed."),
+    limits: bool = typer.Option(False, "--limits", help="Also record our kernel at each point (tile records) "
+                                                        "and say what keeps it from the target against FA4."),
 ) -> None:
     """Time this kernel and its peers over a benchmark grid: median ms, TFLOPS, ratios, memory.
 
@@ -43,11 +45,11 @@ def bench(
     A peer that fails is reported, not fatal.
     """
     from rich.console import Console
+    from rich.markup import escape
 
     from jfa_prof.bench import load_results
     from jfa_prof.errors import BadInputError
     from jfa_prof.render import bench as render
-    from jfa_prof.render.heatmap import write_html
 
     if results is not None:
         res = load_results(results).filter(grid=grid, labels=label, pass_=pass_)
@@ -56,28 +58,39 @@ def bench(
                                 + (f" for grid {grid}" if grid else "") + (" with those labels" if label else ""))
         origin, provenance = "recorded", res.provenance()
     else:
-        res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out)
+        res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out, limits)
         origin, provenance = "live", f"measured on {res.gpu} on {res.date}"
 
     frame = res.frame()
     grids = "/".join(dict.fromkeys(str(g) for g in frame["grid"]))
     if html is not None:
+        from jfa_prof.render.heatmap import write_html
+
         fig = render.tflops_figure(frame, title=f"{pass_} TFLOPS by sparsity · {grids} grid",
                                    subtitle=f"{provenance} · {res.meta.get('timer', 'median')} · "
                                             "FLOPs by the FA4 convention (4·H·D·Σ Lq·Lk"
                                             + (", ×2.5 for the backward)" if pass_ == "bwd" else ")"))
         write_html(fig, html)
+    point_limits = res.limits()
     if json:
         typer.echo(_json.dumps({"origin": origin, "provenance": provenance,
                                 "file": str(res.path) if res.path else None,
                                 "html": str(html) if html else None, **res.to_dict(),
-                                "rooflines": [r.to_dict() if r else None for r in res.rooflines()]}, indent=1))
+                                "rooflines": [r.to_dict() if r else None for r in res.rooflines()],
+                                "point_limits": [lim.to_dict() if lim else None for lim in point_limits]},
+                               indent=1))
         return
     console = Console(highlight=False, soft_wrap=True)
     if detail if detail is not None else frame["label"].nunique() <= 4:
         render.bench_table(frame, console, title=f"{pass_} · {grids} · {provenance}")
     render.summary_table(frame, console, ours=res.baseline, title=f"{pass_} TFLOPS · {grids} · {provenance}")
     render.roofline_table(frame, console, ours=res.baseline, title=f"{pass_} roofline · {grids} · {res.gpu}")
+    render.limits_table([r["workload"].get("label") for r in res.records], point_limits, res.splits(), console,
+                        title=f"{pass_} · what limits each point · {provenance}")
+    for r in res.records:
+        if isinstance(r.get("time_split"), dict) and "error" in r["time_split"]:
+            console.print(f"[yellow]{escape(r['workload'].get('label'))}: no time split:[/] "
+                          f"{escape(r['time_split']['error'])}")
     unavailable = {k: p for k, p in res.peers.items() if not p.get("available", True)}
     for k, p in unavailable.items():
         console.print(f"[yellow]peer {k} not run:[/] {p.get('reason')}")
@@ -87,7 +100,8 @@ def bench(
         console.print(f"wrote {html}")
 
 
-def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: int, out: Optional[Path]):
+def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: int, out: Optional[Path],
+             limits: bool = False):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -116,7 +130,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
     progress = Progress(TextColumn("{task.fields[point]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
     with progress:
-        task = progress.add_task("", total=len(workloads) * len(names), point="")
+        task = progress.add_task("", total=len(workloads) * (len(names) + limits), point="")
         started = []
 
         def on_impl(point_label: str, name: str) -> None:
@@ -125,13 +139,24 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
             started.append(name)
             progress.update(task, description=name, point=point_label)
 
+        fa4 = status.get("fa4")
+        done: list[dict] = []
+
+        def write(records: list[dict]) -> dict:
+            meta = timing.measurement_meta(flash_attn_4=fa4.version if fa4 and fa4.available else None)
+            doc = lib.results_document(records, meta, status)
+            if out is not None:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(_json.dumps(doc, indent=1))
+            return doc
+
+        def on_point(record: dict) -> None:
+            # Every finished point goes into the file at once: a run cut short keeps what it measured.
+            done.append(record)
+            write(done)
+
         records = lib.run_bench(workloads, pass_=pass_, peers=usable, schedules=schedules, rep_ms=rep_ms,
-                                on_impl=on_impl)
+                                on_impl=on_impl, limits=limits, on_point=on_point)
         progress.advance(task)
-    fa4 = status.get("fa4")
-    meta = timing.measurement_meta(flash_attn_4=fa4.version if fa4 and fa4.available else None)
-    doc = lib.results_document(records, meta, status)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(_json.dumps(doc, indent=1))
-    return lib.BenchResults(meta=meta, records=doc["results"], peers=doc["peers"], path=out)
+    doc = write(records)
+    return lib.BenchResults(meta=doc["meta"], records=doc["results"], peers=doc["peers"], path=out)

@@ -7,20 +7,20 @@ for an implementation in every panel.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.colors import qualitative
-from plotly.subplots import make_subplots
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-__all__ = ["bench_table", "facets", "impl_order", "roofline_table", "summary_table", "tflops_figure"]
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
-_PALETTE = qualitative.D3 + qualitative.Set2
+__all__ = ["bench_table", "facets", "impl_order", "limits_table", "roofline_table", "summary_table",
+           "tflops_figure"]
+
 
 
 def impl_order(frame: pd.DataFrame, impls: Sequence[str] | None = None) -> list[str]:
@@ -47,9 +47,14 @@ def _panel_title(lq: int, max_kv: int) -> str:
 
 
 def tflops_figure(frame: pd.DataFrame, *, impls: Sequence[str] | None = None, title: str | None = None,
-                  subtitle: str | None = None) -> go.Figure:
+                  subtitle: str | None = None) -> "go.Figure":
     """TFLOPS vs sparsity, a panel per (Lq, max_kv), a line per implementation. Points that
     failed or were not timed are left out (the table shows why)."""
+    # Plotly is imported here, not with the module: the tables need none of it.
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
     if frame.empty:
         raise ValueError("no results to draw")
     names = impl_order(frame, impls)
@@ -58,7 +63,8 @@ def tflops_figure(frame: pd.DataFrame, *, impls: Sequence[str] | None = None, ti
                         subplot_titles=[_panel_title(r, c) for r in rows for c in cols],
                         horizontal_spacing=0.04, vertical_spacing=0.1)
     ok = frame[frame["tflops"].notna()]
-    colors = {n: _PALETTE[i % len(_PALETTE)] for i, n in enumerate(names)}
+    palette = qualitative.D3 + qualitative.Set2
+    colors = {n: palette[i % len(palette)] for i, n in enumerate(names)}
     for ri, lq in enumerate(rows):
         for ci, mkv in enumerate(cols):
             panel = ok[(ok["max_kv"] == mkv) & ((ok["Lq"] == lq) if lq else True)]
@@ -89,7 +95,7 @@ def tflops_figure(frame: pd.DataFrame, *, impls: Sequence[str] | None = None, ti
     return fig
 
 
-def _shown(fig: go.Figure) -> set[str]:
+def _shown(fig: "go.Figure") -> set[str]:
     return {t.name for t in fig.data if t.showlegend}
 
 
@@ -193,3 +199,32 @@ def roofline_table(frame: pd.DataFrame, console: Console, *, ours: str | None = 
                       _pct(getattr(by.get("fa4"), "roof", None)))
     console.print(table)
     console.print(f"[dim]{ROOF_NOTE}[/]")
+
+
+LIMITS_NOTE = ("From one recording of our kernel per point (tile records only): each tile's start-to-start time on its "
+               "CTA, fit as per tile + per block × blocks, splits all CTA time into blocks, per-tile work and idle "
+               "CTAs (shares shown). limit: blocks = the per-block time alone, applied to our fastest time, is over "
+               "what the target allows, and the loop must get that many times faster (blocks×N); tile / idle = the blocks "
+               "fit, and the larger of the other two must shrink")
+
+
+def limits_table(labels: Sequence[str], limits: Sequence, splits: Sequence, console: Console, *,
+                 title: str = "limits") -> None:
+    """A row per point with a split: our fastest time against FA4's, the time split
+    (`jfa_prof.analyses.limits`), the per-block cost and what keeps the point from the target.
+    ``limits``: `PointLimit` or None per label; ``splits``: `TimeSplit` or None per label."""
+    shown = [(label, lim, split) for label, lim, split in zip(labels, limits, splits) if lim is not None]
+    if not shown:
+        return
+    targets = " / ".join(f"{t:g}×" for t in dict.fromkeys(lim.target for _, lim, _ in shown))
+    table = Table(title=f"{title} · target {targets} FA4", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for name in ("workload", "÷fa4", "blocks", "tile", "idle", "µs/blk", "limit"):
+        table.add_column(name, justify="left" if name in ("workload", "limit") else "right", no_wrap=True)
+    for label, lim, split in shown:
+        style = "green" if lim.limit == "met" else "red" if lim.limit == "blocks" else "yellow"
+        verdict = f"blocks×{lim.blocks_speedup_needed:.2f}" if lim.limit == "blocks" else lim.limit
+        table.add_row(escape(str(label)), _num(lim.ratio, ".2f"), _pct(split.blocks_share), _pct(split.tile_share),
+                      _pct(split.idle_share), _num(split.b_ns / 1e3, ".2f"), f"[{style}]{verdict}[/]")
+    console.print(table)
+    console.print(f"[dim]{LIMITS_NOTE}[/]")

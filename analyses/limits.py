@@ -1,0 +1,215 @@
+"""What limits one benchmark point: a recording's time split into blocks, per-tile work and idle.
+
+A persistent kernel's CTAs run tiles one after another. A tile's *pitch* is the time from its
+start to the next tile's start on its CTA (`jfa_prof.analyses.predict.tile_pitch`): what it
+costs a serial CTA. All CTA time, ``G · makespan``, is then
+
+- **busy**: the pitches summed, split by a fit ``pitch ≈ a + b · n`` (``n``: the blocks a tile
+  walks: KV blocks in the forward, query blocks in the backward) into
+  - **blocks**: the ``b · n`` parts, the steady inner loop (two matmuls and the softmax per
+    block in the forward);
+  - **tile**: the ``a`` parts, what a tile costs besides its blocks: decoding it, the first
+    loads and their wait, the epilogue and its stores;
+- **idle**: the rest, measured, not fitted: CTAs waiting before their first tile and after
+  their last (the schedule's imbalance and the launch's ramp).
+
+One point alone often cannot tell ``a`` from ``b``: where its tiles walk nearly the same number
+of blocks (dense shapes, high sparsity, the backward's broadcast-Q tiles) the intercept is
+ill-conditioned and can even come out negative. So each split keeps the sums a least-squares fit
+needs (`FitSums`), and the points that ran the same compiled kernel are fit together
+(:func:`pooled`), which spreads ``n`` over the grid; a fit whose intercept is still negative is
+replaced by the best one through the origin (all busy time per block).
+
+The shares come from an instrumented launch (tile records cost a few percent), so they are
+applied to the uninstrumented time of the same point as fractions. Against a peer and a target
+ratio, a point is then **met**, or limited by its **blocks** (the blocks' share of our time alone
+is over what the target allows: only a faster inner loop helps), or, when the blocks fit, by its
+per-tile work (**tile**) or its **idle** CTAs, whichever is larger.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from jfa_prof.analyses.predict import tile_pitch
+
+__all__ = ["LIMITS", "FitSums", "PointLimit", "TimeSplit", "point_limit", "pooled", "time_split"]
+
+LIMITS = ("met", "blocks", "tile", "idle")
+
+
+@dataclass(frozen=True)
+class FitSums:
+    """What a least-squares fit of ``y = a + b·x`` needs from its samples; sums of two sample
+    sets are the sums of their union."""
+
+    count: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    syy: float = 0.0
+
+    @classmethod
+    def of(cls, x: Any, y: Any) -> "FitSums":
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        return cls(float(x.size), float(x.sum()), float(y.sum()), float((x * x).sum()), float((x * y).sum()),
+                   float((y * y).sum()))
+
+    def __add__(self, other: "FitSums") -> "FitSums":
+        return FitSums(*(u + v for u, v in zip(asdict(self).values(), asdict(other).values())))
+
+    def fit(self) -> tuple[float, float, float]:
+        """``(a, b, r2)``, with ``a >= 0``: a negative intercept (no tile costs less than nothing)
+        gives way to the fit through the origin. ``r2`` is nan where ``y`` does not vary."""
+        if self.count <= 0:
+            raise ValueError("cannot fit without samples")
+        var_x = self.sxx - self.sx * self.sx / self.count
+        if var_x > 1e-9 * max(self.sxx, 1.0):
+            b = (self.sxy - self.sx * self.sy / self.count) / var_x
+            a = (self.sy - b * self.sx) / self.count
+        else:
+            a, b = -1.0, 0.0
+        if a < 0:
+            a, b = (0.0, self.sxy / self.sxx) if self.sxx > 0 else (self.sy / self.count, 0.0)
+        sse = self.syy - 2 * a * self.sy - 2 * b * self.sxy + a * a * self.count + 2 * a * b * self.sx + b * b * self.sxx
+        sst = self.syy - self.sy * self.sy / self.count
+        r2 = 1.0 - sse / sst if sst > 1e-9 * max(self.syy, 1.0) else math.nan
+        return float(a), float(b), float(r2)
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """One recording's CTA time, split (see the module notes); the three shares add up to 1.
+
+    ``a_ns`` / ``b_ns`` / ``r2``: the fit the split uses, this recording's own unless
+    :func:`pooled` replaced it; ``sums``: this recording's samples, for pooling."""
+
+    n_ctas: int
+    makespan_ns: float
+    n_tiles: int
+    n_blocks: int  # summed over tiles
+    busy_ns: float  # the pitches, summed over tiles
+    a_ns: float  # per tile
+    b_ns: float  # per block
+    r2: float
+    sums: FitSums
+    pooled_over: int = 1  # recordings the fit was made from
+
+    @property
+    def idle_share(self) -> float:
+        return 1.0 - self.busy_ns / (self.n_ctas * self.makespan_ns)
+
+    @property
+    def blocks_share(self) -> float:
+        return (1.0 - self.idle_share) * self._blocks_part()
+
+    @property
+    def tile_share(self) -> float:
+        return (1.0 - self.idle_share) * (1.0 - self._blocks_part())
+
+    def _blocks_part(self) -> float:
+        blocks, tiles = self.b_ns * self.n_blocks, self.a_ns * self.n_tiles
+        return blocks / (blocks + tiles) if blocks + tiles > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {**d, "r2": None if math.isnan(self.r2) else self.r2, "blocks_share": self.blocks_share,
+                "tile_share": self.tile_share, "idle_share": self.idle_share}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TimeSplit":
+        r2 = d.get("r2")
+        return cls(n_ctas=int(d["n_ctas"]), makespan_ns=float(d["makespan_ns"]), n_tiles=int(d["n_tiles"]),
+                   n_blocks=int(d["n_blocks"]), busy_ns=float(d["busy_ns"]), a_ns=float(d["a_ns"]),
+                   b_ns=float(d["b_ns"]), r2=math.nan if r2 is None else float(r2), sums=FitSums(**d["sums"]),
+                   pooled_over=int(d.get("pooled_over", 1)))
+
+
+def time_split(tiles: pd.DataFrame, n_ctas: int, makespan_ns: float | None = None) -> TimeSplit:
+    """Split a recording's tile table (``Trace.tiles``: one row per tile, ``cta``, ``start_ns``,
+    ``end_ns``, ``dur_ns``, ``n_blocks``) run by ``n_ctas`` persistent CTAs. ``makespan_ns``
+    defaults to the first start to the last end."""
+    if n_ctas < 1:
+        raise ValueError(f"n_ctas must be >= 1, got {n_ctas}")
+    if not len(tiles):
+        raise ValueError("cannot split the time of a recording without tiles")
+    if makespan_ns is None:
+        makespan_ns = float(tiles["end_ns"].max() - tiles["start_ns"].min())
+    if not makespan_ns > 0:
+        raise ValueError(f"makespan must be positive, got {makespan_ns}")
+    pitch = tile_pitch(tiles)
+    sums = FitSums.of(tiles["n_blocks"].to_numpy(), pitch)
+    a, b, r2 = sums.fit()
+    return TimeSplit(n_ctas=int(n_ctas), makespan_ns=float(makespan_ns), n_tiles=int(len(tiles)),
+                     n_blocks=int(tiles["n_blocks"].sum()), busy_ns=float(pitch.sum()), a_ns=a, b_ns=b, r2=r2,
+                     sums=sums)
+
+
+def pooled(splits: Sequence[TimeSplit | None], keys: Sequence[Hashable]) -> list[TimeSplit | None]:
+    """Each split refit over every split with the same key (the compiled kernel that ran):
+    its own busy and idle time, the group's ``a`` and ``b``. None entries stay None."""
+    groups: dict[Hashable, FitSums] = {}
+    counts: dict[Hashable, int] = {}
+    for s, k in zip(splits, keys):
+        if s is not None:
+            groups[k] = groups.get(k, FitSums()) + s.sums
+            counts[k] = counts.get(k, 0) + 1
+    fits = {k: g.fit() for k, g in groups.items()}
+    return [None if s is None else replace(s, a_ns=fits[k][0], b_ns=fits[k][1], r2=fits[k][2], pooled_over=counts[k])
+            for s, k in zip(splits, keys)]
+
+
+@dataclass(frozen=True)
+class PointLimit:
+    """A point's time against a peer's: what the target allows and which part stands over it."""
+
+    ours_ms: float
+    peer_ms: float
+    target: float
+    blocks_ms: float
+    tile_ms: float
+    idle_ms: float
+    limit: str  # one of LIMITS
+
+    @property
+    def ratio(self) -> float:
+        return self.peer_ms / self.ours_ms
+
+    @property
+    def allowed_ms(self) -> float:
+        return self.peer_ms / self.target
+
+    @property
+    def blocks_speedup_needed(self) -> float:
+        """How many times faster the blocks alone must get to fit (1.0: they fit)."""
+        return max(self.blocks_ms / self.allowed_ms, 1.0)
+
+    @property
+    def excess_ms(self) -> float:
+        """How much the whole call must lose to meet the target (0 when met)."""
+        return max(self.ours_ms - self.allowed_ms, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio": self.ratio, "allowed_ms": self.allowed_ms,
+                "blocks_speedup_needed": self.blocks_speedup_needed, "excess_ms": self.excess_ms}
+
+
+def point_limit(split: TimeSplit, ours_ms: float, peer_ms: float, target: float) -> PointLimit:
+    """Which part of ``ours_ms`` keeps it from being ``target`` times faster than ``peer_ms``."""
+    if not (ours_ms > 0 and peer_ms > 0 and target > 0):
+        raise ValueError(f"times and target must be positive, got ours {ours_ms}, peer {peer_ms}, target {target}")
+    blocks, tile, idle = (s * ours_ms for s in (split.blocks_share, split.tile_share, split.idle_share))
+    allowed = peer_ms / target
+    if ours_ms <= allowed:
+        limit = "met"
+    elif blocks > allowed:
+        limit = "blocks"
+    else:
+        limit = "tile" if tile >= idle else "idle"
+    return PointLimit(ours_ms=ours_ms, peer_ms=peer_ms, target=target, blocks_ms=blocks, tile_ms=tile,
+                      idle_ms=idle, limit=limit)

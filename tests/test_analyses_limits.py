@@ -1,0 +1,160 @@
+"""What limits a point: the time split of a recording (blocks, per tile, idle) and the verdict
+against a peer's time, on tiles with known costs and on a bundled H200 recording."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jfa_prof.analyses.limits import LIMITS, FitSums, TimeSplit, point_limit, pooled, time_split
+from jfa_prof.trace import bundled_traces, read_trace
+
+
+def _tiles(a_ns: float, b_ns: float, blocks_per_cta: list[list[int]], offsets: list[float]) -> pd.DataFrame:
+    """Tiles back to back on each CTA, each costing exactly a + b·n, the CTA starting at its offset."""
+    rows = []
+    for cta, (blocks, t) in enumerate(zip(blocks_per_cta, offsets)):
+        for n in blocks:
+            dur = a_ns + b_ns * n
+            rows.append({"cta": cta, "start_ns": t, "end_ns": t + dur, "dur_ns": dur, "n_blocks": n})
+            t += dur
+    return pd.DataFrame(rows)
+
+
+def test_split_recovers_known_costs_and_the_idle_time():
+    a, b = 1_000.0, 2_000.0
+    # CTA 0 works 3 tiles from 0; CTA 1 starts 500 ns late and does less: both idle at the end.
+    tiles = _tiles(a, b, [[1, 4, 2], [3, 1]], [0.0, 500.0])
+    s = time_split(tiles, n_ctas=2)
+    assert s.a_ns == pytest.approx(a) and s.b_ns == pytest.approx(b) and s.r2 == pytest.approx(1.0)
+    makespan = 3 * a + 7 * b  # CTA 0's three tiles
+    assert s.makespan_ns == pytest.approx(makespan) and (s.n_tiles, s.n_blocks) == (5, 11)
+    busy = 5 * a + 11 * b
+    assert s.blocks_share == pytest.approx(11 * b / (2 * makespan))
+    assert s.tile_share == pytest.approx(5 * a / (2 * makespan))
+    assert s.idle_share == pytest.approx(1 - busy / (2 * makespan))
+    assert s.blocks_share + s.tile_share + s.idle_share == pytest.approx(1.0)
+
+
+def test_split_counts_ctas_that_never_ran_a_tile_as_idle():
+    tiles = _tiles(1_000.0, 2_000.0, [[2, 2]], [0.0])
+    one, four = time_split(tiles, n_ctas=1), time_split(tiles, n_ctas=4)
+    assert one.idle_share == pytest.approx(0.0, abs=1e-12)
+    assert four.idle_share == pytest.approx(0.75)
+    # One tile size: a and b are not separable; the fit calls it all per-block cost.
+    assert one.a_ns == 0.0 and one.b_ns == pytest.approx(2_500.0)
+
+
+def test_split_takes_a_given_makespan():
+    tiles = _tiles(1_000.0, 2_000.0, [[1, 2]], [0.0])
+    s = time_split(tiles, n_ctas=1, makespan_ns=10_000.0)  # the kernel ran 2 µs past its last tile
+    assert s.makespan_ns == 10_000.0 and s.idle_share == pytest.approx(2_000.0 / 10_000.0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n_ctas": 0}, "n_ctas"),
+    ({"n_ctas": 2, "makespan_ns": 0.0}, "makespan"),
+])
+def test_split_rejects_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        time_split(_tiles(1.0, 1.0, [[1, 2]], [0.0]), **kwargs)
+
+
+def test_split_rejects_no_tiles():
+    with pytest.raises(ValueError, match="without tiles"):
+        time_split(pd.DataFrame(columns=["cta", "start_ns", "end_ns", "dur_ns", "n_blocks"]), n_ctas=1)
+
+
+def test_split_round_trips_through_a_dict():
+    s = time_split(_tiles(900.0, 2_100.0, [[1, 3], [2]], [0.0, 0.0]), n_ctas=3)
+    d = s.to_dict()
+    assert TimeSplit.from_dict(d) == s
+    assert d["blocks_share"] + d["tile_share"] + d["idle_share"] == pytest.approx(1.0)
+    flat = time_split(_tiles(0.0, 1_000.0, [[2], [2]], [0.0, 0.0]), n_ctas=2)  # no spread in x or y
+    assert flat.to_dict()["r2"] is None and math.isnan(TimeSplit.from_dict(flat.to_dict()).r2)
+
+
+def test_fit_sums_add_up_to_the_union_and_fit_like_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.integers(1, 30, 200).astype(float)
+    y = 1_500.0 + 1_800.0 * x + rng.normal(0, 300, 200)
+    whole, halves = FitSums.of(x, y), FitSums.of(x[:80], y[:80]) + FitSums.of(x[80:], y[80:])
+    assert np.allclose(list(whole.__dict__.values()), list(halves.__dict__.values()))
+    a, b, r2 = halves.fit()
+    b_np, a_np = np.polyfit(x, y, 1)
+    assert a == pytest.approx(a_np) and b == pytest.approx(b_np)
+    assert r2 == pytest.approx(1 - ((y - a - b * x) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+
+
+def test_fit_sums_never_give_a_negative_intercept():
+    # Cost per block rising with the tile's length: the free fit's intercept is below zero.
+    x = np.array([10.0, 11.0, 12.0, 13.0])
+    y = np.array([10_000.0, 12_000.0, 14_000.0, 16_000.0])
+    a, b, _ = FitSums.of(x, y).fit()
+    assert a == 0.0 and b == pytest.approx((x * y).sum() / (x * x).sum())
+    with pytest.raises(ValueError, match="without samples"):
+        FitSums().fit()
+
+
+def test_pooled_fits_points_of_one_kernel_together():
+    a, b = 2_000.0, 1_800.0
+    # Alone, each point has one tile size (its split calls every busy ns per block).
+    short, long_ = (time_split(_tiles(a, b, [[n] * 4] * 2, [0.0, 0.0]), n_ctas=2) for n in (2, 16))
+    other = time_split(_tiles(500.0, 900.0, [[3, 5]], [0.0]), n_ctas=1)
+    assert short.a_ns == 0.0 and short.tile_share == 0.0
+    p_short, p_long, none, p_other = pooled([short, long_, None, other], ["k", "k", "k", "other"])
+    assert none is None and (p_short.pooled_over, p_other.pooled_over) == (2, 1)
+    assert (p_short.a_ns, p_short.b_ns) == pytest.approx((a, b)) and p_long.b_ns == pytest.approx(b)
+    assert (p_other.a_ns, p_other.b_ns) == pytest.approx((500.0, 900.0))
+    # Pooling moves time between blocks and tile, never the busy or idle time.
+    assert p_short.idle_share == pytest.approx(short.idle_share)
+    assert p_short.tile_share == pytest.approx(a / (a + 2 * b))
+
+
+def _split(blocks: float, tile: float) -> TimeSplit:
+    """A split with the given shares (makespan 1000 ns on one CTA, 10 tiles, 10 blocks)."""
+    busy = 1_000.0 * (blocks + tile)
+    return TimeSplit(n_ctas=1, makespan_ns=1_000.0, n_tiles=10, n_blocks=10, busy_ns=busy, a_ns=100.0 * tile,
+                     b_ns=100.0 * blocks, r2=1.0, sums=FitSums())
+
+
+@pytest.mark.parametrize("ours, peer, blocks, tile, limit", [
+    (1.0, 1.2, 0.7, 0.2, "met"),  # 1.2x FA4 at a 1.15 target
+    (1.0, 1.0, 0.9, 0.05, "blocks"),  # allowed 0.87 ms; the blocks alone take 0.9
+    (1.0, 1.0, 0.6, 0.3, "tile"),  # blocks fit (0.6 < 0.87), per-tile 0.3 > idle 0.1
+    (1.0, 1.0, 0.6, 0.1, "idle"),  # idle 0.3 > per-tile 0.1
+])
+def test_point_limit_names_what_stands_over_the_target(ours, peer, blocks, tile, limit):
+    lim = point_limit(_split(blocks, tile), ours, peer, 1.15)
+    assert lim.limit == limit and limit in LIMITS
+    assert lim.allowed_ms == pytest.approx(peer / 1.15) and lim.ratio == pytest.approx(peer / ours)
+    assert lim.blocks_ms + lim.tile_ms + lim.idle_ms == pytest.approx(ours)
+    assert lim.excess_ms == pytest.approx(max(ours - peer / 1.15, 0.0))
+    if limit == "blocks":
+        assert lim.blocks_speedup_needed == pytest.approx(0.9 / (1.0 / 1.15))
+    else:
+        assert lim.blocks_speedup_needed == 1.0
+    assert lim.to_dict()["limit"] == limit
+
+
+def test_point_limit_rejects_non_positive_times():
+    with pytest.raises(ValueError, match="positive"):
+        point_limit(_split(0.5, 0.5), 0.0, 1.0, 1.15)
+
+
+def test_split_of_a_bundled_h200_recording():
+    traces = {p.name: read_trace(p) for p in bundled_traces()}
+    assert traces, "the H200 recordings ship with the package"
+    for name, t in traces.items():
+        s = time_split(t.tiles, t.n_ctas, t.makespan_ns)
+        assert s.n_tiles == len(t.tiles) == 8192, name
+        # Per-block cost of a 128-row x 128-key block (D=128), two matmuls and the softmax: 1-4 µs on an H200.
+        assert 1_000 < s.b_ns < 4_000 and s.a_ns > 0 and s.r2 > 0.5, (name, s)
+        assert 0 <= s.idle_share < 0.3 and 0.4 < s.blocks_share < 0.9, (name, s.to_dict())
+    # The dynamic queue leaves the least idle time (notebook 1's finding, seen by this split too).
+    idle = {n.split("_")[-1].split(".")[0]: time_split(t.tiles, t.n_ctas, t.makespan_ns).idle_share
+            for n, t in traces.items()}
+    assert idle["dynamic"] < min(idle["static"], idle["lpt"])
+    assert np.isfinite(list(idle.values())).all()
