@@ -21,7 +21,8 @@ needs (`FitSums`), and the points that ran the same compiled kernel are fit toge
 replaced by the best one through the origin (all busy time per block).
 
 The shares come from an instrumented launch (tile records cost a few percent), so they are
-applied to the uninstrumented time of the same point as fractions. Against a peer and a target
+applied to the uninstrumented time of the same point as fractions: its GPU time per call where the
+benchmark took it (a short call's median otherwise times the host's launch path, not the kernel). Against a peer and a target
 ratio, a point is then **met**, or limited by its **blocks** (the blocks' share of our time alone
 is over what the target allows: only a faster inner loop helps), or, when the blocks fit, by its
 per-tile work (**tile**) or its **idle** CTAs, whichever is larger.
@@ -175,6 +176,7 @@ class PointLimit:
     tile_ms: float
     idle_ms: float
     limit: str  # one of LIMITS
+    timer: str = "ms"  # which time of the bench record: "ms" (the call's median) or "gpu_ms" (GPU work)
 
     @property
     def ratio(self) -> float:
@@ -199,7 +201,7 @@ class PointLimit:
                 "blocks_speedup_needed": self.blocks_speedup_needed, "excess_ms": self.excess_ms}
 
 
-def point_limit(split: TimeSplit, ours_ms: float, peer_ms: float, target: float) -> PointLimit:
+def point_limit(split: TimeSplit, ours_ms: float, peer_ms: float, target: float, *, timer: str = "ms") -> PointLimit:
     """Which part of ``ours_ms`` keeps it from being ``target`` times faster than ``peer_ms``."""
     if not (ours_ms > 0 and peer_ms > 0 and target > 0):
         raise ValueError(f"times and target must be positive, got ours {ours_ms}, peer {peer_ms}, target {target}")
@@ -212,4 +214,4 @@ def point_limit(split: TimeSplit, ours_ms: float, peer_ms: float, target: float)
     else:
         limit = "tile" if tile >= idle else "idle"
     return PointLimit(ours_ms=ours_ms, peer_ms=peer_ms, target=target, blocks_ms=blocks, tile_ms=tile,
-                      idle_ms=idle, limit=limit)
+                      idle_ms=idle, limit=limit, timer=timer)

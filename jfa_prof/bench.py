@@ -550,7 +550,7 @@ def _to_float(out):
 
 
 def _measure_impl(impl: Impl, *, ref, rows, first_out, tol: float, timer, twice: bool,
-                  timer_kw: dict) -> tuple[dict[str, Any], Any, str | None]:
+                  timer_kw: dict, gpu_time: bool = False) -> tuple[dict[str, Any], Any, str | None]:
     """(entry, output kept for comparing the later implementations or None, reason to drop the
     implementation from later points or None)."""
     import torch
@@ -588,6 +588,8 @@ def _measure_impl(impl: Impl, *, ref, rows, first_out, tol: float, timer, twice:
         entry["ms"], entry["ms_repeat"] = t.ms, t.ms_repeat
     else:
         entry["ms"] = timer(run, **timer_kw)
+    if gpu_time:
+        entry["gpu_ms"] = timing.gpu_ms(run)
     return entry, keep, None
 
 
@@ -620,8 +622,9 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
     ``peers``); ``baseline`` names the implementation timed twice (default: the first).
     ``on_impl(label, name)`` is called before each implementation, ``on_point(record)`` after
     each point. Peers that are not installed are left out here; :func:`peer_status` says why.
-    ``limits``: also record our kernel (the first schedule) at each point, after the timings,
-    and keep the split of its time (:func:`record_split`) as ``record["time_split"]``.
+    ``limits``: also take each implementation's GPU time per call (``gpu_ms``, host gaps left
+    out: `jfa_prof.timing.gpu_ms`), record our kernel (the first schedule) at each point after
+    the timings, and keep the split of its time (:func:`record_split`) as ``record["time_split"]``.
     """
     import torch
 
@@ -652,7 +655,8 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
                 continue
             try:
                 entry, out, reason = _measure_impl(impl, ref=ref, rows=rows, first_out=first_out, tol=tol,
-                                                   timer=timer, twice=impl.name == base_name, timer_kw=timer_kw)
+                                                   timer=timer, twice=impl.name == base_name, timer_kw=timer_kw,
+                                                   gpu_time=limits)
             except Exception as e:  # a peer that fails is reported, not fatal
                 entry, out, reason = {"error": f"{type(e).__name__}: {e}"[:500]}, None, None
             if reason:
@@ -810,9 +814,12 @@ class BenchResults:
         out = []
         for r, split in zip(self.records, self.splits()):
             target = TARGETS.get((r.get("pass", "fwd"), r["workload"].get("grid")))
-            ours = [e["ms"] for n, e in r["impls"].items() if impl_kind(n) == "jfa" and e.get("ms")]
-            fa4 = (r["impls"].get("fa4") or {}).get("ms")
-            out.append(point_limit(split, min(ours), fa4, target) if split and ours and fa4 and target else None)
+            # GPU time where the run took it: a short call's median is otherwise the host's.
+            key = "gpu_ms" if (r["impls"].get("fa4") or {}).get("gpu_ms") else "ms"
+            ours = [e[key] for n, e in r["impls"].items() if impl_kind(n) == "jfa" and e.get(key)]
+            fa4 = (r["impls"].get("fa4") or {}).get(key)
+            out.append(point_limit(split, min(ours), fa4, target, timer=key) if split and ours and fa4 and target
+                       else None)
         return out
 
     def filter(self, *, grid: str | None = None, labels: Sequence[str] | None = None,

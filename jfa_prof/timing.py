@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "host_breakdown", "kernel_median_ms",
+__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "gpu_ms", "host_breakdown", "kernel_median_ms",
            "measurement_meta", "require_gpu", "time_twice"]
 
 # do_bench's budgets are milliseconds of GPU time, not iteration counts: a 0.1 ms kernel gets
@@ -137,6 +137,28 @@ def kernel_durations_ms(fn: Callable[[], Any], kernel: str, *, n: int = 1, activ
         if activity == "cuda":
             torch.cuda.synchronize()
     return [e.time_range.elapsed_us() / 1e3 for e in prof.events() if e.name.split("(")[0] == kernel], result
+
+
+def gpu_ms(fn: Callable[[], Any], *, n: int = 10, rounds: int = 3) -> float:
+    """Milliseconds of GPU work per call of ``fn``: every kernel, copy and fill it puts on the
+    device, summed from the profiler (CUPTI) over ``n`` calls, divided by ``n``; the median of
+    ``rounds`` such bursts. Unlike :func:`bench`, the host's gaps between launches are not in it,
+    so two implementations compare as GPU work whatever their launch paths cost."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(rounds):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+        device_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+        per_call.append(device_us / n / 1e3)
+    return statistics.median(per_call)
 
 
 def kernel_median_ms(fn: Callable[[], Any], kernel: str, *, n: int = 10, activity: str = "cuda") -> float:

@@ -130,9 +130,33 @@ def test_bench_recorded_limits(tmp_path):
     assert first["limit"] == ("met" if ours <= fa4 / 1.15 else "blocks" if 0.8 * ours > fa4 / 1.15 else "idle")
     result = runner.invoke(app, ["bench", "--results", str(p)], terminal_width=120)
     assert result.exit_code == 0, result.output
-    assert "what limits each point" in result.stdout and "target 1.15× FA4" in result.stdout
+    assert "what limits each point" in result.stdout and "target 1.15× FA4 · call medians" in result.stdout
     assert f"{doc['results'][1]['workload']['label']}: no time split: RuntimeError: 3 tile records dropped" \
         in result.stdout
+
+
+def test_bench_limits_compare_gpu_time_where_the_run_took_it(tmp_path):
+    """With --limits the run takes each implementation's GPU time per call; the verdict uses it,
+    so a short call whose median is the host's launch path is judged by its kernel."""
+    from jfa_prof.analyses.limits import FitSums
+
+    doc = json.loads(FA4_FILE.read_text())
+    rec = doc["results"][0]
+    x = np.array([1.0, 3.0] * 660)
+    rec["time_split"] = {"n_ctas": 132, "makespan_ns": 1e6, "n_tiles": 1320, "n_blocks": 2640,
+                         "busy_ns": 132e6, "a_ns": 0.0, "b_ns": 1.0, "r2": None,
+                         "sums": FitSums.of(x, 1_000.0 * x).__dict__, "variant": "fwd/x"}  # all blocks
+    for name, e in rec["impls"].items():
+        e["gpu_ms"] = {"fa4": 0.130, "jfa-dynamic": 0.140, "jfa-dynamic-planned": 0.120}.get(name)
+    p = tmp_path / "gpu.json"
+    p.write_text(json.dumps(doc))
+    d = _json(runner.invoke(app, ["bench", "--results", str(p), "--json"]))
+    first = d["point_limits"][0]
+    assert first["timer"] == "gpu_ms" and (first["ours_ms"], first["peer_ms"]) == (0.120, 0.130)
+    assert first["limit"] == "blocks" and first["blocks_ms"] == pytest.approx(0.120)
+    assert first["blocks_speedup_needed"] == pytest.approx(0.120 / (0.130 / 1.15))
+    result = runner.invoke(app, ["bench", "--results", str(p)], terminal_width=120)
+    assert "GPU time per call" in result.stdout
 
 
 def test_bench_live_keeps_the_points_measured_before_a_failure(tmp_path, monkeypatch):

@@ -100,3 +100,16 @@ def test_kernel_median_is_the_median_of_the_profiled_durations(monkeypatch):
 
     monkeypatch.setattr(timing, "kernel_durations_ms", lambda fn, kernel, n, activity: ([3.0, 1.0, 2.0, 9.0, 4.0], None))
     assert timing.kernel_median_ms(lambda: None, "k", n=5) == 3.0
+
+
+@pytest.mark.gpu
+def test_gpu_ms_sums_every_kernel_of_a_call_and_leaves_host_gaps_out(cuda_device):
+    import time
+
+    a = torch.randn(4096, 4096, device=cuda_device, dtype=torch.bfloat16)
+    one = timing.gpu_ms(lambda: a @ a)
+    two = timing.gpu_ms(lambda: (a @ a, a @ a))
+    assert 0 < one < 5 and two == pytest.approx(2 * one, rel=0.15)
+    # 2 ms of host sleep per call would dominate a call's wall time, not its GPU time.
+    slow = timing.gpu_ms(lambda: (time.sleep(0.002), a @ a), n=3, rounds=1)
+    assert slow == pytest.approx(one, rel=0.15)

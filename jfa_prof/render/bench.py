@@ -217,7 +217,9 @@ def limits_table(labels: Sequence[str], limits: Sequence, splits: Sequence, cons
     if not shown:
         return
     targets = " / ".join(f"{t:g}×" for t in dict.fromkeys(lim.target for _, lim, _ in shown))
-    table = Table(title=f"{title} · target {targets} FA4", title_justify="left", box=box.SIMPLE_HEAD,
+    timers = " / ".join(dict.fromkeys("GPU time per call" if lim.timer == "gpu_ms" else "call medians"
+                                      for _, lim, _ in shown))
+    table = Table(title=f"{title} · target {targets} FA4 · {timers}", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False)
     for name in ("workload", "÷fa4", "blocks", "tile", "idle", "µs/blk", "limit"):
         table.add_column(name, justify="left" if name in ("workload", "limit") else "right", no_wrap=True)
