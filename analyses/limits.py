@@ -22,7 +22,11 @@ replaced by the best one through the origin (all busy time per block).
 
 The shares come from an instrumented launch (tile records cost a few percent), so they are
 applied to the uninstrumented time of the same point as fractions: its GPU time per call where the
-benchmark took it (a short call's median otherwise times the host's launch path, not the kernel). Against a peer and a target
+benchmark took it (a short call's median otherwise times the host's launch path, not the kernel).
+A call's GPU time can hold other kernels than the recorded one (the backward's delta kernel and its
+dQ initialisation; a work list built in the call), which the fractions share out in proportion.
+How well ``a`` and ``b`` are told apart is checked without instrumentation by
+``benchmarks/fwd_tile_cost.py`` (equal lengths, kernel time against blocks per tile). Against a peer and a target
 ratio, a point is then **met**, or limited by its **blocks** (the blocks' share of our time alone
 is over what the target allows: only a faster inner loop helps), or, when the blocks fit, by its
 per-tile work (**tile**) or its **idle** CTAs, whichever is larger.

@@ -75,3 +75,21 @@ def test_table_shows_failures(frame):
     out = buf.getvalue()
     assert next(line for line in out.splitlines() if "torch-varlen" in line).split() == ["torch-varlen", "failed"]
     assert "hsp Lq=256 max=2048 s=0.1 · torch-varlen: OutOfMemoryError" in out
+
+
+def test_limits_figure_stacks_the_split_in_units_of_the_allowed_time():
+    from jfa_prof.analyses.limits import FitSums, TimeSplit, point_limit
+    from jfa_prof.render.bench import limits_figure
+
+    split = TimeSplit(n_ctas=1, makespan_ns=1_000.0, n_tiles=10, n_blocks=10, busy_ns=900.0, a_ns=20.0, b_ns=70.0,
+                      r2=1.0, sums=FitSums())  # blocks 70%, tile 20%, idle 10%
+    lims = [point_limit(split, 1.0, 1.15, 1.15), None, point_limit(split, 2.0, 1.15, 1.15)]
+    fig = limits_figure(["a", "b", "c"], lims, subtitle="H200")
+    d = fig.to_dict()
+    bars = {t["name"]: t for t in d["data"]}
+    assert list(bars) == ["blocks", "per tile", "idle"] and list(bars["blocks"]["y"]) == ["a", "c"]
+    assert list(bars["blocks"]["x"]) == pytest.approx([0.7, 1.4]) and list(bars["idle"]["x"]) == pytest.approx([0.1, 0.2])
+    assert [c[1] for c in bars["idle"]["customdata"]] == ["met", "blocks"]
+    assert d["layout"]["shapes"][0]["x0"] == 1.0 and "H200" in d["layout"]["title"]["text"]
+    with pytest.raises(ValueError, match="no point"):
+        limits_figure(["a"], [None])

@@ -18,7 +18,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["bench_table", "facets", "impl_order", "limits_table", "roofline_table", "summary_table",
+__all__ = ["bench_table", "facets", "impl_order", "limits_figure", "limits_table", "roofline_table", "summary_table",
            "tflops_figure"]
 
 
@@ -230,3 +230,32 @@ def limits_table(labels: Sequence[str], limits: Sequence, splits: Sequence, cons
                       _pct(split.idle_share), _num(split.b_ns / 1e3, ".2f"), f"[{style}]{verdict}[/]")
     console.print(table)
     console.print(f"[dim]{LIMITS_NOTE}[/]")
+
+
+_PARTS = (("blocks", "blocks_ms", "#1f77b4"), ("per tile", "tile_ms", "#ff7f0e"), ("idle", "idle_ms", "#7f7f7f"))
+
+
+def limits_figure(labels: Sequence[str], limits: Sequence, *, title: str = "what limits each point",
+                  subtitle: str | None = None) -> "go.Figure":
+    """A bar per point with a `PointLimit`: our time split into blocks, per-tile work and idle, in
+    units of the time the target allows (the dashed line at 1: a bar past it misses the target;
+    its blue part alone past it: only faster blocks can reach it)."""
+    import plotly.graph_objects as go
+
+    shown = [(str(label), lim) for label, lim in zip(labels, limits) if lim is not None]
+    if not shown:
+        raise ValueError("no point has a time split to draw")
+    names = [label for label, _ in shown]
+    fig = go.Figure()
+    for part, attr, color in _PARTS:
+        fig.add_trace(go.Bar(y=names, x=[getattr(lim, attr) / lim.allowed_ms for _, lim in shown], name=part,
+                             orientation="h", marker_color=color,
+                             customdata=[[getattr(lim, attr), lim.limit] for _, lim in shown],
+                             hovertemplate="%{y}<br>" + part + ": %{customdata[0]:.3f} ms<br>limit: %{customdata[1]}"
+                                           "<extra></extra>"))
+    fig.add_vline(x=1.0, line_dash="dash", line_color="black")
+    fig.update_layout(barmode="stack", height=120 + 26 * len(names), template="plotly_white",
+                      title=title + (f"<br><sup>{escape_html(subtitle)}</sup>" if subtitle else ""),
+                      xaxis_title="our time ÷ the time the target allows", yaxis_autorange="reversed",
+                      legend_orientation="h", legend_y=-0.15)
+    return fig
