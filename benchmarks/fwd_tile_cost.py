@@ -10,6 +10,7 @@ and comparable between builds (run the script from each build's tree, alternatin
 
 Each length is run as a multiple of the block (every block full, no mask) and ``--short`` keys
 less (the last block masked): the gap between the two fits is what the masked block adds.
+``--profile`` times an instrumented build (what the records cost per tile and per block);
 ``--ablate`` times a build without one piece of work (the waterfall's ablations; wrong outputs on
 purpose): the change in ``a`` and ``b`` is what that piece costs per tile and per block.
 
@@ -30,7 +31,7 @@ from jfa_prof.schedule import fwd_work_list
 KERNEL = "_jfa_fwd"
 
 
-def launch(lq: int, kv_len: int, heads: int, batch: int, device, n_ctas: int, ablate: int = 0):
+def launch(lq: int, kv_len: int, heads: int, batch: int, device, n_ctas: int, ablate: int = 0, profile: int = 0):
     """A call of the planned forward over `batch` broadcast-Q sequences of `kv_len` keys each."""
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(lq, heads, 128, generator=gen, device=device, dtype=torch.bfloat16)
@@ -43,7 +44,7 @@ def launch(lq: int, kv_len: int, heads: int, batch: int, device, n_ctas: int, ab
 
     def run():
         return fwd_launch(q, k, v, None, kv_offsets, lq, sm_scale=1 / math.sqrt(128), window=None, causal=False,
-                          broadcast_q=True, schedule="dynamic", work=wl, out=out, ablate=ablate)
+                          broadcast_q=True, schedule="dynamic", work=wl, out=out, ablate=ablate, profile=profile)
 
     if not ablate:
         # The first and the last sequence against fp32 attention: a launch that skipped work is not timed.
@@ -70,6 +71,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ablate", choices=sorted(fwd.ABLATIONS), help="time the kernel without this piece of work "
                     "(the waterfall's ablations): what it adds per tile and per block")
+    ap.add_argument("--profile", type=int, choices=(0, 1, 2), default=0,
+                    help="instrumentation level: what tile records (1) and barrier waits (2) add per tile and block")
     a = ap.parse_args()
     ablate = fwd.ABLATIONS[a.ablate][0] if a.ablate else 0
     device = timing.require_gpu("the tile-cost sweep")
@@ -83,7 +86,7 @@ def main():
     calls = {}
     for n, short in points:
         kv_len = n - short
-        run = launch(a.lq, kv_len, a.heads, batch, device, n_ctas, ablate)
+        run = launch(a.lq, kv_len, a.heads, batch, device, n_ctas, ablate, a.profile)
         run()
         calls[(n, short)] = run
     timed = timing.alternated({f"{n}-{s}": run for (n, s), run in calls.items()}, a.rounds,
@@ -109,7 +112,7 @@ def main():
     meta = timing.measurement_meta(command="python benchmarks/fwd_tile_cost.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v not in ("", None)))
     meta.update(timer="CUPTI kernel duration, median of 10 launches per round, median of rounds", build=a.build,
-                ablate=a.ablate,
+                ablate=a.ablate, profile=a.profile,
                 batch=batch, lq=a.lq, heads=a.heads, tiles=batch * tiles_per_seq)
     with open(a.out, "w") as fh:
         json.dump({"meta": meta, "points": rows, "fit": summary}, fh, indent=1)
