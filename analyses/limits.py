@@ -18,7 +18,12 @@ of blocks (dense shapes, high sparsity, the backward's broadcast-Q tiles) the in
 ill-conditioned and can even come out negative. So each split keeps the sums a least-squares fit
 needs (`FitSums`), and the points that ran the same compiled kernel are fit together
 (:func:`pooled`), which spreads ``n`` over the grid; a fit whose intercept is still negative is
-replaced by the best one through the origin (all busy time per block).
+replaced by the best one through the origin (all busy time per block), and so is one whose points
+all walk the same number of blocks (a dense shape on its own): then the split is not
+``separable`` and its "blocks" hold the per-tile work too. Pooled fits assume every point of a
+kernel pays the same per tile and per block; the backward's broadcast-Q tiles walk Lq / 64 query
+blocks at every point of a query length, so there its ``a`` and ``b`` come from the two query
+lengths of the grid alone.
 
 The shares come from an instrumented launch (tile records cost a few percent), so they are
 applied to the uninstrumented time of the same point as fractions: its GPU time per call where the
@@ -28,7 +33,8 @@ dQ initialisation; a work list built in the call), which the fractions share out
 How well ``a`` and ``b`` are told apart is checked without instrumentation by
 ``benchmarks/fwd_tile_cost.py`` (equal lengths, kernel time against blocks per tile). Against a peer and a target
 ratio, a point is then **met**, or limited by its **blocks** (the blocks' share of our time alone
-is over what the target allows: only a faster inner loop helps), or, when the blocks fit, by its
+is over what the target allows: only a faster inner loop helps; **busy** where the fit could not
+tell per-tile from per-block time, so that share holds both), or, when the blocks fit, by its
 per-tile work (**tile**) or its **idle** CTAs, whichever is larger.
 """
 from __future__ import annotations
@@ -44,7 +50,7 @@ from jfa_prof.analyses.predict import tile_pitch
 
 __all__ = ["LIMITS", "FitSums", "PointLimit", "TimeSplit", "point_limit", "pooled", "time_split"]
 
-LIMITS = ("met", "blocks", "tile", "idle")
+LIMITS = ("met", "blocks", "busy", "tile", "idle")
 
 
 @dataclass(frozen=True)
@@ -68,18 +74,24 @@ class FitSums:
     def __add__(self, other: "FitSums") -> "FitSums":
         return FitSums(*(u + v for u, v in zip(asdict(self).values(), asdict(other).values())))
 
+    @property
+    def separable(self) -> bool:
+        """Whether the samples tell ``a`` from ``b``: more than one value of ``x``."""
+        return self.count > 0 and self.sxx - self.sx * self.sx / self.count > 1e-9 * max(self.sxx, 1.0)
+
     def fit(self) -> tuple[float, float, float]:
-        """``(a, b, r2)``, with ``a >= 0``: a negative intercept (no tile costs less than nothing)
-        gives way to the fit through the origin. ``r2`` is nan where ``y`` does not vary."""
+        """``(a, b, r2)`` with ``a, b >= 0``: a negative intercept (no tile costs less than
+        nothing) gives way to the fit through the origin, a negative slope to the mean. Samples
+        that are not :attr:`separable` get the fit through the origin: all of ``y`` per ``x``.
+        ``r2`` is nan where ``y`` does not vary."""
         if self.count <= 0:
             raise ValueError("cannot fit without samples")
-        var_x = self.sxx - self.sx * self.sx / self.count
-        if var_x > 1e-9 * max(self.sxx, 1.0):
-            b = (self.sxy - self.sx * self.sy / self.count) / var_x
+        if self.separable:
+            b = (self.sxy - self.sx * self.sy / self.count) / (self.sxx - self.sx * self.sx / self.count)
             a = (self.sy - b * self.sx) / self.count
-        else:
-            a, b = -1.0, 0.0
-        if a < 0:
+            if b < 0:
+                a, b = self.sy / self.count, 0.0
+        if not self.separable or a < 0:
             a, b = (0.0, self.sxy / self.sxx) if self.sxx > 0 else (self.sy / self.count, 0.0)
         sse = self.syy - 2 * a * self.sy - 2 * b * self.sxy + a * a * self.count + 2 * a * b * self.sx + b * b * self.sxx
         sst = self.syy - self.sy * self.sy / self.count
@@ -104,6 +116,7 @@ class TimeSplit:
     r2: float
     sums: FitSums
     pooled_over: int = 1  # recordings the fit was made from
+    separable: bool = True  # whether the fit's samples told a from b (else all busy time is on the blocks)
 
     @property
     def idle_share(self) -> float:
@@ -132,7 +145,7 @@ class TimeSplit:
         return cls(n_ctas=int(d["n_ctas"]), makespan_ns=float(d["makespan_ns"]), n_tiles=int(d["n_tiles"]),
                    n_blocks=int(d["n_blocks"]), busy_ns=float(d["busy_ns"]), a_ns=float(d["a_ns"]),
                    b_ns=float(d["b_ns"]), r2=math.nan if r2 is None else float(r2), sums=FitSums(**d["sums"]),
-                   pooled_over=int(d.get("pooled_over", 1)))
+                   pooled_over=int(d.get("pooled_over", 1)), separable=bool(d.get("separable", True)))
 
 
 def time_split(tiles: pd.DataFrame, n_ctas: int, makespan_ns: float | None = None) -> TimeSplit:
@@ -152,7 +165,7 @@ def time_split(tiles: pd.DataFrame, n_ctas: int, makespan_ns: float | None = Non
     a, b, r2 = sums.fit()
     return TimeSplit(n_ctas=int(n_ctas), makespan_ns=float(makespan_ns), n_tiles=int(len(tiles)),
                      n_blocks=int(tiles["n_blocks"].sum()), busy_ns=float(pitch.sum()), a_ns=a, b_ns=b, r2=r2,
-                     sums=sums)
+                     sums=sums, separable=sums.separable)
 
 
 def pooled(splits: Sequence[TimeSplit | None], keys: Sequence[Hashable]) -> list[TimeSplit | None]:
@@ -165,7 +178,8 @@ def pooled(splits: Sequence[TimeSplit | None], keys: Sequence[Hashable]) -> list
             groups[k] = groups.get(k, FitSums()) + s.sums
             counts[k] = counts.get(k, 0) + 1
     fits = {k: g.fit() for k, g in groups.items()}
-    return [None if s is None else replace(s, a_ns=fits[k][0], b_ns=fits[k][1], r2=fits[k][2], pooled_over=counts[k])
+    return [None if s is None else replace(s, a_ns=fits[k][0], b_ns=fits[k][1], r2=fits[k][2], pooled_over=counts[k],
+                                           separable=groups[k].separable)
             for s, k in zip(splits, keys)]
 
 
@@ -192,8 +206,12 @@ class PointLimit:
 
     @property
     def blocks_speedup_needed(self) -> float:
-        """How many times faster the blocks alone must get to fit (1.0: they fit)."""
-        return max(self.blocks_ms / self.allowed_ms, 1.0)
+        """How many times faster the blocks must get for the target, the per-tile work and idle
+        time unchanged (1.0 when met; inf when those two alone are over what the target allows)."""
+        if self.ours_ms <= self.allowed_ms:
+            return 1.0
+        room = self.allowed_ms - self.tile_ms - self.idle_ms
+        return self.blocks_ms / room if room > 0 else math.inf
 
     @property
     def excess_ms(self) -> float:
@@ -201,8 +219,9 @@ class PointLimit:
         return max(self.ours_ms - self.allowed_ms, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
+        speedup = self.blocks_speedup_needed
         return {**asdict(self), "ratio": self.ratio, "allowed_ms": self.allowed_ms,
-                "blocks_speedup_needed": self.blocks_speedup_needed, "excess_ms": self.excess_ms}
+                "blocks_speedup_needed": None if math.isinf(speedup) else speedup, "excess_ms": self.excess_ms}
 
 
 def point_limit(split: TimeSplit, ours_ms: float, peer_ms: float, target: float, *, timer: str = "ms") -> PointLimit:
@@ -214,7 +233,8 @@ def point_limit(split: TimeSplit, ours_ms: float, peer_ms: float, target: float,
     if ours_ms <= allowed:
         limit = "met"
     elif blocks > allowed:
-        limit = "blocks"
+        # Without a separable fit the "blocks" are all busy time, per-tile work included.
+        limit = "blocks" if split.separable else "busy"
     else:
         limit = "tile" if tile >= idle else "idle"
     return PointLimit(ours_ms=ours_ms, peer_ms=peer_ms, target=target, blocks_ms=blocks, tile_ms=tile,

@@ -2,8 +2,9 @@
 
 Every sequence of a launch gets the same KV length, so all tiles are alike; the launch has a
 whole number of rounds of tiles per CTA, so its kernel time (CUPTI) is ``rounds · (a + b · n)``
-with ``n`` the KV blocks per tile. Timing it over several lengths and fitting the per-tile time
-against ``n`` gives ``a`` (decode, Q load, first wait, epilogue, output stores) and ``b`` (one
+with ``n`` the KV blocks per tile (plus the launch's ramp and drain, which land in ``a`` divided by
+``--rounds-per-cta``: the same for every build, so comparisons hold). Timing it over several lengths
+and fitting the per-tile time against ``n`` gives ``a`` (decode, Q load, first wait, epilogue, output stores) and ``b`` (one
 steady block: two matmuls and the softmax) with no tile records in the kernel: the split that
 `jfa-prof bench --limits` reads from a recording, checked on the kernel that runs unobserved,
 and comparable between builds (run the script from each build's tree, alternating processes).

@@ -721,12 +721,15 @@ FRAME_COLUMNS = ("pass", "grid", "label", "B", "H", "H_kv", "D", "Lq", "max_kv",
 
 @dataclass
 class BenchResults:
-    """A result file: its top-level ``meta`` and its records, each with its own ``meta``."""
+    """A result file: its top-level ``meta`` and its records, each with its own ``meta``.
+    ``pool``: the records time splits are fit over (:meth:`splits`), the whole file's even after
+    :meth:`filter` (None: ``records``)."""
 
     meta: dict[str, Any]
     records: list[dict[str, Any]]
     peers: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    pool: list[dict[str, Any]] | None = None
 
     @property
     def gpu(self) -> str:
@@ -796,28 +799,35 @@ class BenchResults:
 
     def splits(self) -> list:
         """Per record, the `jfa_prof.analyses.limits.TimeSplit` recorded with ``--limits``, or None;
-        fit over every point of the file that ran the same compiled kernel (``pooled``)."""
+        fit over every point of :attr:`pool` (the whole file) that ran the same compiled kernel, so
+        a filtered view splits its points as the whole file does."""
         from jfa_prof.analyses.limits import TimeSplit, pooled
 
-        raw = [r.get("time_split") for r in self.records]
+        pool = self.pool if self.pool is not None else self.records
+        raw = [r.get("time_split") for r in pool]
         ok = [isinstance(s, dict) and "error" not in s for s in raw]
-        return pooled([TimeSplit.from_dict(s) if good else None for s, good in zip(raw, ok)],
-                      [(r.get("pass", "fwd"), s.get("variant") if good else None)
-                       for r, s, good in zip(self.records, raw, ok)])
+        fitted = pooled([TimeSplit.from_dict(s) if good else None for s, good in zip(raw, ok)],
+                        [(r.get("pass", "fwd"), s.get("variant") if good else None)
+                         for r, s, good in zip(pool, raw, ok)])
+        by_record = {id(r): s for r, s in zip(pool, fitted)}
+        return [by_record.get(id(r)) for r in self.records]
 
-    def limits(self) -> list:
-        """Per record, `jfa_prof.analyses.limits.PointLimit` of our fastest implementation against
-        FA4 at the grid's target (:data:`TARGETS`), from the split recorded with ``--limits``;
-        None where the record has no split, no FA4 time or no target."""
+    def limits(self, splits: list | None = None) -> list:
+        """Per record, `jfa_prof.analyses.limits.PointLimit` of our fastest implementation of the
+        recorded schedule against FA4 at the grid's target (:data:`TARGETS`), from :meth:`splits`
+        (or the ``splits`` given); None where the record has no split, no FA4 time or no target.
+        GPU times per call where the run took them: a short call's median is otherwise the host's."""
         from jfa_prof.analyses.limits import point_limit
 
         out = []
-        for r, split in zip(self.records, self.splits()):
+        for r, split in zip(self.records, self.splits() if splits is None else splits):
             target = TARGETS.get((r.get("pass", "fwd"), r["workload"].get("grid")))
-            # GPU time where the run took it: a short call's median is otherwise the host's.
-            key = "gpu_ms" if (r["impls"].get("fa4") or {}).get("gpu_ms") else "ms"
-            ours = [e[key] for n, e in r["impls"].items() if impl_kind(n) == "jfa" and e.get(key)]
-            fa4 = (r["impls"].get("fa4") or {}).get(key)
+            fa4_entry = r["impls"].get("fa4") or {}
+            key = "gpu_ms" if fa4_entry.get("gpu_ms") else "ms"
+            schedule = (r.get("time_split") or {}).get("schedule")
+            ours = [e[key] for n, e in r["impls"].items()
+                    if n in (f"jfa-{schedule}", f"jfa-{schedule}-planned") and e.get(key)]
+            fa4 = fa4_entry.get(key)
             out.append(point_limit(split, min(ours), fa4, target, timer=key) if split and ours and fa4 and target
                        else None)
         return out
@@ -828,7 +838,7 @@ class BenchResults:
                 if (grid is None or r["workload"].get("grid") == grid)
                 and (not labels or r["workload"].get("label") in labels)
                 and (pass_ is None or r.get("pass", "fwd") == pass_)]
-        return BenchResults(self.meta, keep, self.peers, self.path)
+        return BenchResults(self.meta, keep, self.peers, self.path, self.pool if self.pool is not None else self.records)
 
     def to_dict(self) -> dict[str, Any]:
         return {"meta": self.meta, "peers": self.peers, "results": self.records}

@@ -106,46 +106,88 @@ def test_bench_without_gpu_exits_3(no_gpu):
     assert "--results FILE" in result.stderr
 
 
-def test_bench_recorded_limits(tmp_path):
-    """Points with a time split get a verdict against FA4 at their grid's target; the others none."""
-    doc = json.loads(FA4_FILE.read_text())
+def _split_dict(busy_share: float, blocks_part: float, *, variant: str = "fwd/x") -> dict:
+    """A recorded time_split (one CTA-second of 132 CTAs, 1320 tiles of 5 and 15 blocks) whose pooled
+    fit gives the busy time ``blocks_part`` on the blocks."""
     from jfa_prof.analyses.limits import FitSums
 
-    # Tiles of 5 and 15 blocks costing 10 µs + 8 µs a block; 90% of the CTA time busy: blocks 80%, tile 10%.
+    b = 1_000.0
+    a = b * 10 * (1 - blocks_part) / blocks_part  # a·tiles : b·blocks = (1 - part) : part, 10 blocks a tile
     x = np.array([5.0, 15.0] * 660)
-    sums = FitSums.of(x, 10_000.0 + 8_000.0 * x).__dict__
-    split = {"n_ctas": 132, "makespan_ns": 1e6, "n_tiles": 1320, "n_blocks": 13200, "busy_ns": 0.9 * 132e6,
-             "a_ns": 0.0, "b_ns": 1.0, "r2": None, "sums": sums, "variant": "fwd/x", "profile_level": 1}
-    doc["results"][0]["time_split"] = split
-    doc["results"][1]["time_split"] = {"error": "RuntimeError: 3 tile records dropped"}
+    return {"n_ctas": 132, "makespan_ns": 1e6, "n_tiles": 1320, "n_blocks": 13200, "busy_ns": busy_share * 132e6,
+            "a_ns": 0.0, "b_ns": 1.0, "r2": None, "sums": FitSums.of(x, a + b * x).__dict__, "variant": variant,
+            "schedule": "dynamic", "profile_level": 1}
+
+
+def test_bench_recorded_limits(tmp_path):
+    """Points with a time split get a verdict against FA4 at their grid's target, from our time for
+    the recorded schedule; a point whose recording failed says why; the others get none."""
+    doc = json.loads(FA4_FILE.read_text())
+    rec = doc["results"][1]  # ours 0.97x FA4 there: short of the 1.15x target
+    rec["time_split"] = _split_dict(0.95, 0.8 / 0.95)  # blocks 80%, per tile 15%, idle 5%
+    doc["results"][0]["time_split"] = {"error": "RuntimeError: 3 tile records dropped"}
     p = tmp_path / "limits.json"
     p.write_text(json.dumps(doc))
     d = _json(runner.invoke(app, ["bench", "--results", str(p), "--json"]))
-    first, second, *rest = d["point_limits"]
-    assert second is None and all(x is None for x in rest)
-    fa4, ours = (min(e["ms"] for n, e in doc["results"][0]["impls"].items() if n.startswith(k)) for k in ("fa4", "jfa"))
-    assert first["ours_ms"] == pytest.approx(ours) and first["peer_ms"] == pytest.approx(fa4)
-    assert first["target"] == 1.15 and first["blocks_ms"] == pytest.approx(0.8 * ours)
-    assert first["tile_ms"] == pytest.approx(0.1 * ours) and first["idle_ms"] == pytest.approx(0.1 * ours)
-    assert first["limit"] == ("met" if ours <= fa4 / 1.15 else "blocks" if 0.8 * ours > fa4 / 1.15 else "idle")
+    lims = d["point_limits"]
+    assert lims[0] is None and all(x is None for x in lims[2:])
+    lim = lims[1]
+    fa4 = rec["impls"]["fa4"]["ms"]
+    ours = min(rec["impls"][n]["ms"] for n in ("jfa-dynamic", "jfa-dynamic-planned"))
+    assert (lim["ours_ms"], lim["peer_ms"], lim["target"], lim["timer"]) == (ours, fa4, 1.15, "ms")
+    assert [lim[k] / ours for k in ("blocks_ms", "tile_ms", "idle_ms")] == pytest.approx([0.8, 0.15, 0.05])
+    allowed = fa4 / 1.15
+    assert 0.8 * ours < allowed < ours  # the blocks fit; the per-tile work (more than idle) does not
+    assert lim["limit"] == "tile"
+    assert lim["blocks_speedup_needed"] == pytest.approx(0.8 * ours / (allowed - 0.2 * ours))
+    assert d["time_splits"][1]["pooled_over"] == 1 and d["time_splits"][1]["blocks_share"] == pytest.approx(0.8)
     result = runner.invoke(app, ["bench", "--results", str(p)], terminal_width=120)
     assert result.exit_code == 0, result.output
     assert "what limits each point" in result.stdout and "target 1.15× FA4 · call medians" in result.stdout
-    assert f"{doc['results'][1]['workload']['label']}: no time split: RuntimeError: 3 tile records dropped" \
+    assert f"{doc['results'][0]['workload']['label']}: no time split: RuntimeError: 3 tile records dropped" \
         in result.stdout
+
+
+def test_bench_limits_pool_over_the_whole_file_whatever_is_shown(tmp_path):
+    """Two points of one kernel, each with one tile size: together they separate per tile from per
+    block. Showing one of them (--label) must not change its split."""
+    from jfa_prof.analyses.limits import FitSums
+
+    doc = json.loads(FA4_FILE.read_text())
+    for rec, n in zip(doc["results"][:2], (2.0, 8.0)):
+        x = np.full(1320, n)
+        rec["time_split"] = {"n_ctas": 132, "makespan_ns": 1e6, "n_tiles": 1320, "n_blocks": int(1320 * n),
+                             "busy_ns": float((3_000.0 + 1_000.0 * x).sum()), "a_ns": 0.0, "b_ns": 1.0, "r2": None,
+                             "sums": FitSums.of(x, 3_000.0 + 1_000.0 * x).__dict__, "variant": "fwd/x",
+                             "schedule": "dynamic"}
+    p = tmp_path / "pool.json"
+    p.write_text(json.dumps(doc))
+    label = doc["results"][0]["workload"]["label"]
+    whole = _json(runner.invoke(app, ["bench", "--results", str(p), "--json"]))["time_splits"][0]
+    alone = _json(runner.invoke(app, ["bench", "--results", str(p), "--json", "--label", label]))["time_splits"]
+    assert len(alone) == 1 and alone[0] == whole
+    assert (whole["a_ns"], whole["b_ns"], whole["pooled_over"], whole["separable"]) == pytest.approx(
+        (3_000.0, 1_000.0, 2, True))
+
+
+def test_bench_limits_without_fa4_say_why_there_is_no_verdict(tmp_path):
+    doc = json.loads(FA4_FILE.read_text())
+    doc["results"][1]["time_split"] = _split_dict(0.95, 0.8 / 0.95)
+    for r in doc["results"]:
+        r["impls"].pop("fa4")
+    p = tmp_path / "nofa4.json"
+    p.write_text(json.dumps(doc))
+    result = runner.invoke(app, ["bench", "--results", str(p)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "time splits recorded, but no verdict: one needs FA4's time" in result.stdout
 
 
 def test_bench_limits_compare_gpu_time_where_the_run_took_it(tmp_path):
     """With --limits the run takes each implementation's GPU time per call; the verdict uses it,
     so a short call whose median is the host's launch path is judged by its kernel."""
-    from jfa_prof.analyses.limits import FitSums
-
     doc = json.loads(FA4_FILE.read_text())
     rec = doc["results"][0]
-    x = np.array([1.0, 3.0] * 660)
-    rec["time_split"] = {"n_ctas": 132, "makespan_ns": 1e6, "n_tiles": 1320, "n_blocks": 2640,
-                         "busy_ns": 132e6, "a_ns": 0.0, "b_ns": 1.0, "r2": None,
-                         "sums": FitSums.of(x, 1_000.0 * x).__dict__, "variant": "fwd/x"}  # all blocks
+    rec["time_split"] = _split_dict(1.0, 1.0 - 1e-9)  # all busy, (nearly) all on the blocks
     for name, e in rec["impls"].items():
         e["gpu_ms"] = {"fa4": 0.130, "jfa-dynamic": 0.140, "jfa-dynamic-planned": 0.120}.get(name)
     p = tmp_path / "gpu.json"
@@ -154,9 +196,9 @@ def test_bench_limits_compare_gpu_time_where_the_run_took_it(tmp_path):
     first = d["point_limits"][0]
     assert first["timer"] == "gpu_ms" and (first["ours_ms"], first["peer_ms"]) == (0.120, 0.130)
     assert first["limit"] == "blocks" and first["blocks_ms"] == pytest.approx(0.120)
-    assert first["blocks_speedup_needed"] == pytest.approx(0.120 / (0.130 / 1.15))
+    assert first["blocks_speedup_needed"] == pytest.approx(0.120 / (0.130 / 1.15), rel=1e-6)
     result = runner.invoke(app, ["bench", "--results", str(p)], terminal_width=120)
-    assert "GPU time per call" in result.stdout
+    assert "GPU time per call" in result.stdout and "blocks×1.06" in result.stdout
 
 
 def test_bench_live_keeps_the_points_measured_before_a_failure(tmp_path, monkeypatch):

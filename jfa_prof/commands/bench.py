@@ -47,7 +47,7 @@ def bench(
     from rich.console import Console
     from rich.markup import escape
 
-    from jfa_prof.bench import load_results
+    from jfa_prof.bench import TARGETS, load_results
     from jfa_prof.errors import BadInputError
     from jfa_prof.render import bench as render
 
@@ -71,12 +71,15 @@ def bench(
                                             "FLOPs by the FA4 convention (4·H·D·Σ Lq·Lk"
                                             + (", ×2.5 for the backward)" if pass_ == "bwd" else ")"))
         write_html(fig, html)
-    point_limits = res.limits()
+    splits = res.splits()
+    point_limits = res.limits(splits)
     if json:
+        # Each record's time_split is its own fit; time_splits are the pooled fits the verdicts use.
         typer.echo(_json.dumps({"origin": origin, "provenance": provenance,
                                 "file": str(res.path) if res.path else None,
                                 "html": str(html) if html else None, **res.to_dict(),
                                 "rooflines": [r.to_dict() if r else None for r in res.rooflines()],
+                                "time_splits": [s.to_dict() if s else None for s in splits],
                                 "point_limits": [lim.to_dict() if lim else None for lim in point_limits]},
                                indent=1))
         return
@@ -85,8 +88,11 @@ def bench(
         render.bench_table(frame, console, title=f"{pass_} · {grids} · {provenance}")
     render.summary_table(frame, console, ours=res.baseline, title=f"{pass_} TFLOPS · {grids} · {provenance}")
     render.roofline_table(frame, console, ours=res.baseline, title=f"{pass_} roofline · {grids} · {res.gpu}")
-    render.limits_table([r["workload"].get("label") for r in res.records], point_limits, res.splits(), console,
+    render.limits_table([r["workload"].get("label") for r in res.records], point_limits, splits, console,
                         title=f"{pass_} · what limits each point · {provenance}")
+    if any(splits) and not any(point_limits):
+        console.print("[yellow]time splits recorded, but no verdict: one needs FA4's time at the point and a target "
+                      f"for its grid ({', '.join(f'{p} {g}' for p, g in TARGETS)})[/]")
     for r in res.records:
         if isinstance(r.get("time_split"), dict) and "error" in r["time_split"]:
             console.print(f"[yellow]{escape(r['workload'].get('label'))}: no time split:[/] "
@@ -146,8 +152,11 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
             meta = timing.measurement_meta(flash_attn_4=fa4.version if fa4 and fa4.available else None)
             doc = lib.results_document(records, meta, status)
             if out is not None:
+                # Written aside and moved in whole: an interrupted write leaves the last good file.
                 out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(_json.dumps(doc, indent=1))
+                part = out.with_name(out.name + ".partial")
+                part.write_text(_json.dumps(doc, indent=1))
+                part.replace(out)
             return doc
 
         def on_point(record: dict) -> None:

@@ -202,10 +202,12 @@ def roofline_table(frame: pd.DataFrame, console: Console, *, ours: str | None = 
 
 
 LIMITS_NOTE = ("From one recording of our kernel per point (tile records only): each tile's start-to-start time on its "
-               "CTA, fit as per tile + per block × blocks, splits all CTA time into blocks, per-tile work and idle "
-               "CTAs (shares shown). limit: blocks = the per-block time alone, applied to our fastest time, is over "
-               "what the target allows, and the loop must get that many times faster (blocks×N); tile / idle = the blocks "
-               "fit, and the larger of the other two must shrink")
+               "CTA, fit as per tile + per block × blocks over the points of one compiled kernel, splits all CTA time "
+               "into blocks, per-tile work and idle CTAs (shares shown). limit: blocks = the blocks' share of our "
+               "time alone is over what the target allows; blocks×N: how many times faster they must get with the "
+               "rest unchanged; busy = the same where the fit could not tell per-tile from per-block time; "
+               "tile / idle = the blocks fit, and the larger of the other two stands over the target; – where one "
+               "tile size left per-tile and per-block time inseparable")
 
 
 def limits_table(labels: Sequence[str], limits: Sequence, splits: Sequence, console: Console, *,
@@ -224,10 +226,14 @@ def limits_table(labels: Sequence[str], limits: Sequence, splits: Sequence, cons
     for name in ("workload", "÷fa4", "blocks", "tile", "idle", "µs/blk", "limit"):
         table.add_column(name, justify="left" if name in ("workload", "limit") else "right", no_wrap=True)
     for label, lim, split in shown:
-        style = "green" if lim.limit == "met" else "red" if lim.limit == "blocks" else "yellow"
-        verdict = f"blocks×{lim.blocks_speedup_needed:.2f}" if lim.limit == "blocks" else lim.limit
-        table.add_row(escape(str(label)), _num(lim.ratio, ".2f"), _pct(split.blocks_share), _pct(split.tile_share),
-                      _pct(split.idle_share), _num(split.b_ns / 1e3, ".2f"), f"[{style}]{verdict}[/]")
+        style = "green" if lim.limit == "met" else "red" if lim.limit in ("blocks", "busy") else "yellow"
+        need = lim.blocks_speedup_needed
+        verdict = (f"{lim.limit}×{'∞' if math.isinf(need) else format(need, '.2f')}"
+                   if lim.limit in ("blocks", "busy") else lim.limit)
+        # A fit that could not separate the two puts all busy time on the blocks: no per-tile figure.
+        table.add_row(escape(str(label)), _num(lim.ratio, ".2f"), _pct(split.blocks_share),
+                      _pct(split.tile_share) if split.separable else "–", _pct(split.idle_share),
+                      _num(split.b_ns / 1e3, ".2f") if split.separable else "–", f"[{style}]{verdict}[/]")
     console.print(table)
     console.print(f"[dim]{LIMITS_NOTE}[/]")
 
