@@ -113,7 +113,7 @@ def main():
     meta = timing.measurement_meta(command="python benchmarks/fwd_tile_cost.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v not in ("", None)))
     meta.update(timer="CUPTI kernel duration, median of 10 launches per round, median of rounds", build=a.build,
-                ablate=a.ablate, profile=a.profile,
+                ablate=a.ablate, profile=a.profile, lengths=a.lengths,
                 batch=batch, lq=a.lq, heads=a.heads, tiles=batch * tiles_per_seq)
     with open(a.out, "w") as fh:
         json.dump({"meta": meta, "points": rows, "fit": summary}, fh, indent=1)

@@ -283,3 +283,20 @@ def test_instrumentation_costs_per_tile_and_its_level_1_loop_runs_faster():
     assert lq256[2]["a_ns"] > lq256[1]["a_ns"]  # barrier-wait timing costs more per tile again
     assert lq256[1]["b_ns"] < 0.96 * lq256[0]["b_ns"]
     assert abs(lq128[1]["b_ns"] - lq128[0]["b_ns"]) < 0.02 * lq128[0]["b_ns"]
+
+
+def test_a_pause_at_both_consumers_tile_ends_speeds_their_blocks():
+    """patches/fwd_tile_end_sleep_*.diff: the blocks' speed depends on how the consumers meet at
+    tile boundaries, which is why level 1 (a tile record at consumer 0) moved it."""
+    base, c0, both = (_tile_cost(f"lq256_sleep_{n}")["full"] for n in ("base", "c0", "both"))
+    assert c0["b_ns"] > 1.04 * base["b_ns"] and both["b_ns"] < 0.97 * base["b_ns"]
+    assert both["a_ns"] > base["a_ns"] + 700  # the pause itself, and more
+
+    def per_tile(name):
+        import json
+
+        doc = json.loads((RESULTS / f"tile_cost_lq256_sleep_{name}_long_h200_2026-11-30.json").read_text())
+        return {(p["kv_len"], p["masked"]): p["per_tile_ns"] for p in doc["points"]}
+    b, s = per_tile("base"), per_tile("both")
+    assert all(s[k] < 0.98 * b[k] for k in b if k[0] >= 4000)  # 32-block tiles: faster with the pause
+    assert all(s[k] > 1.02 * b[k] for k in b if k[0] < 2100)  # 16-block ones: slower
