@@ -148,6 +148,18 @@ def test_bench_recorded_limits(tmp_path):
         in result.stdout
 
 
+def test_bench_recorded_limits_chart(tmp_path):
+    """With time splits, --html also writes what limits each point beside the TFLOPS chart."""
+    res_file = H200.parent / "limits_fwd_hsp_h200_2026-11-30.json"
+    html = tmp_path / "fwd.html"
+    d = _json(runner.invoke(app, ["bench", "--results", str(res_file), "--json", "--html", str(html)]))
+    page = tmp_path / "fwd-limits.html"
+    assert d["limits_html"] == str(page) and page.stat().st_size > 1_000_000
+    assert "what limits each point" in page.read_text()
+    plain = _json(runner.invoke(app, ["bench", "--results", str(H200), "--json", "--html", str(tmp_path / "x.html")]))
+    assert plain["limits_html"] is None and not (tmp_path / "x-limits.html").exists()
+
+
 def test_bench_limits_pool_over_the_whole_file_whatever_is_shown(tmp_path):
     """Two points of one kernel, each with one tile size: together they separate per tile from per
     block. Showing one of them (--label) must not change its split."""

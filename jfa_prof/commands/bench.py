@@ -29,7 +29,8 @@ def bench(
     schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="Schedules of this kernel to time, comma-separated."),
     rep_ms: int = typer.Option(100, "--rep-ms", min=1, help="Milliseconds of repeats per timing (median taken)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the results (JSON, SPEC §6 records) here."),
-    html: Optional[Path] = typer.Option(None, "--html", help="Write TFLOPS-vs-sparsity charts (HTML) here."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write TFLOPS-vs-sparsity charts (HTML) here; with time "
+                                                             "splits, what limits each point beside it (NAME-limits.html)."),
     json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
     detail: Optional[bool] = typer.Option(None, "--detail/--no-detail",
                                           help="Every implementation's ms, ratios, memory and error per point. "
@@ -63,6 +64,9 @@ def bench(
 
     frame = res.frame()
     grids = "/".join(dict.fromkeys(str(g) for g in frame["grid"]))
+    splits = res.splits()
+    point_limits = res.limits(splits)
+    limits_html = html.with_name(f"{html.stem}-limits{html.suffix}") if html and any(point_limits) else None
     if html is not None:
         from jfa_prof.render.heatmap import write_html
 
@@ -71,13 +75,16 @@ def bench(
                                             "FLOPs by the FA4 convention (4·H·D·Σ Lq·Lk"
                                             + (", ×2.5 for the backward)" if pass_ == "bwd" else ")"))
         write_html(fig, html)
-    splits = res.splits()
-    point_limits = res.limits(splits)
+        if limits_html is not None:
+            write_html(render.limits_figure([r["workload"].get("label") for r in res.records], point_limits,
+                                            title=f"{pass_}: what limits each point", subtitle=provenance),
+                       limits_html)
     if json:
         # Each record's time_split is its own fit; time_splits are the pooled fits the verdicts use.
         typer.echo(_json.dumps({"origin": origin, "provenance": provenance,
                                 "file": str(res.path) if res.path else None,
-                                "html": str(html) if html else None, **res.to_dict(),
+                                "html": str(html) if html else None,
+                                "limits_html": str(limits_html) if limits_html else None, **res.to_dict(),
                                 "rooflines": [r.to_dict() if r else None for r in res.rooflines()],
                                 "time_splits": [s.to_dict() if s else None for s in splits],
                                 "point_limits": [lim.to_dict() if lim else None for lim in point_limits]},
@@ -102,8 +109,9 @@ def bench(
         console.print(f"[yellow]peer {k} not run:[/] {p.get('reason')}")
     if out is not None and results is None:
         console.print(f"wrote {out}")
-    if html is not None:
-        console.print(f"wrote {html}")
+    for page in (html, limits_html):
+        if page is not None:
+            console.print(f"wrote {page}")
 
 
 def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: int, out: Optional[Path],
