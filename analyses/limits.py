@@ -25,14 +25,16 @@ kernel pays the same per tile and per block; the backward's broadcast-Q tiles wa
 blocks at every point of a query length, so there its ``a`` and ``b`` come from the two query
 lengths of the grid alone.
 
+How well ``a`` and ``b`` are told apart is checked without instrumentation by
+``benchmarks/fwd_tile_cost.py`` (equal lengths, kernel time against blocks per tile).
+
 The shares come from an instrumented launch (tile records cost a few percent), so they are
 applied to the uninstrumented time of the same point as fractions: its GPU time per call where the
 benchmark took it (a short call's median otherwise times the host's launch path, not the kernel).
 A call's GPU time can hold other kernels than the recorded one (the backward's delta kernel and its
 dQ initialisation; a work list built in the call), which the fractions share out in proportion.
-How well ``a`` and ``b`` are told apart is checked without instrumentation by
-``benchmarks/fwd_tile_cost.py`` (equal lengths, kernel time against blocks per tile). Against a peer and a target
-ratio, a point is then **met**, or limited by its **blocks** (the blocks' share of our time alone
+
+Against a peer and a target ratio, a point is then **met**, or limited by its **blocks** (the blocks' share of our time alone
 is over what the target allows: only a faster inner loop helps; **busy** where the fit could not
 tell per-tile from per-block time, so that share holds both), or, when the blocks fit, by its
 per-tile work (**tile**) or its **idle** CTAs, whichever is larger.
@@ -43,60 +45,13 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Hashable, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 
-from jfa_prof.analyses.predict import tile_pitch
+from jfa_prof.analyses.predict import FitSums, tile_pitch
 
 __all__ = ["LIMITS", "FitSums", "PointLimit", "TimeSplit", "point_limit", "pooled", "time_split"]
 
 LIMITS = ("met", "blocks", "busy", "tile", "idle")
-
-
-@dataclass(frozen=True)
-class FitSums:
-    """What a least-squares fit of ``y = a + b·x`` needs from its samples; sums of two sample
-    sets are the sums of their union."""
-
-    count: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-    syy: float = 0.0
-
-    @classmethod
-    def of(cls, x: Any, y: Any) -> "FitSums":
-        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-        return cls(float(x.size), float(x.sum()), float(y.sum()), float((x * x).sum()), float((x * y).sum()),
-                   float((y * y).sum()))
-
-    def __add__(self, other: "FitSums") -> "FitSums":
-        return FitSums(*(u + v for u, v in zip(asdict(self).values(), asdict(other).values())))
-
-    @property
-    def separable(self) -> bool:
-        """Whether the samples tell ``a`` from ``b``: more than one value of ``x``."""
-        return self.count > 0 and self.sxx - self.sx * self.sx / self.count > 1e-9 * max(self.sxx, 1.0)
-
-    def fit(self) -> tuple[float, float, float]:
-        """``(a, b, r2)`` with ``a, b >= 0``: a negative intercept (no tile costs less than
-        nothing) gives way to the fit through the origin, a negative slope to the mean. Samples
-        that are not :attr:`separable` get the fit through the origin: all of ``y`` per ``x``.
-        ``r2`` is nan where ``y`` does not vary."""
-        if self.count <= 0:
-            raise ValueError("cannot fit without samples")
-        if self.separable:
-            b = (self.sxy - self.sx * self.sy / self.count) / (self.sxx - self.sx * self.sx / self.count)
-            a = (self.sy - b * self.sx) / self.count
-            if b < 0:
-                a, b = self.sy / self.count, 0.0
-        if not self.separable or a < 0:
-            a, b = (0.0, self.sxy / self.sxx) if self.sxx > 0 else (self.sy / self.count, 0.0)
-        sse = self.syy - 2 * a * self.sy - 2 * b * self.sxy + a * a * self.count + 2 * a * b * self.sx + b * b * self.sxx
-        sst = self.syy - self.sy * self.sy / self.count
-        r2 = 1.0 - sse / sst if sst > 1e-9 * max(self.syy, 1.0) else math.nan
-        return float(a), float(b), float(r2)
 
 
 @dataclass(frozen=True)

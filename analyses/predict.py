@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -27,6 +27,7 @@ from jfa_prof.trace import TILE_COLUMNS
 
 __all__ = [
     "CostModel",
+    "FitSums",
     "PredictionComparison",
     "SCHEDULES",
     "WORK_COLUMNS",
@@ -42,6 +43,53 @@ __all__ = [
 
 SCHEDULES = ("static", "lpt", "dynamic")
 WORK_COLUMNS = ("tile", "batch", "head", "block", "kv_len", "n_blocks")
+
+
+@dataclass(frozen=True)
+class FitSums:
+    """What a least-squares fit of ``y = a + b·x`` needs from its samples; sums of two sample
+    sets are the sums of their union."""
+
+    count: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    syy: float = 0.0
+
+    @classmethod
+    def of(cls, x: Any, y: Any) -> "FitSums":
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        return cls(float(x.size), float(x.sum()), float(y.sum()), float((x * x).sum()), float((x * y).sum()),
+                   float((y * y).sum()))
+
+    def __add__(self, other: "FitSums") -> "FitSums":
+        return FitSums(*(u + v for u, v in zip(asdict(self).values(), asdict(other).values())))
+
+    @property
+    def separable(self) -> bool:
+        """Whether the samples tell ``a`` from ``b``: more than one value of ``x``."""
+        return self.count > 0 and self.sxx - self.sx * self.sx / self.count > 1e-9 * max(self.sxx, 1.0)
+
+    def fit(self, *, nonnegative: bool = True) -> tuple[float, float, float]:
+        """``(a, b, r2)``. Samples that are not :attr:`separable` get the fit through the origin:
+        all of ``y`` per ``x``. ``nonnegative``: a negative intercept (no tile costs less than
+        nothing) gives way to the fit through the origin too, a negative slope to the mean.
+        ``r2`` is nan where ``y`` does not vary."""
+        if self.count <= 0:
+            raise ValueError("cannot fit without samples")
+        a = 0.0
+        if self.separable:
+            b = (self.sxy - self.sx * self.sy / self.count) / (self.sxx - self.sx * self.sx / self.count)
+            a = (self.sy - b * self.sx) / self.count
+            if nonnegative and b < 0:
+                a, b = self.sy / self.count, 0.0
+        if not self.separable or (nonnegative and a < 0):
+            a, b = (0.0, self.sxy / self.sxx) if self.sxx > 0 else (self.sy / self.count, 0.0)
+        sse = self.syy - 2 * a * self.sy - 2 * b * self.sxy + a * a * self.count + 2 * a * b * self.sx + b * b * self.sxx
+        sst = self.syy - self.sy * self.sy / self.count
+        r2 = 1.0 - sse / sst if sst > 1e-9 * max(self.syy, 1.0) else math.nan
+        return float(a), float(b), float(r2)
 
 
 @dataclass(frozen=True)
@@ -90,16 +138,8 @@ def fit_cost_model(tiles: pd.DataFrame, *, basis: str = "pitch") -> CostModel:
     if not len(tiles):
         raise ValueError("cannot fit a cost model to an empty tile table")
     y = tile_pitch(tiles) if basis == "pitch" else tiles["dur_ns"].to_numpy(np.float64)
-    n = tiles["n_blocks"].to_numpy(np.float64)
-    if np.ptp(n) == 0:
-        # One tile size: only the total per tile is identifiable; call it all per-block cost.
-        a, b = (0.0, float(y.mean() / n[0])) if n[0] > 0 else (float(y.mean()), 0.0)
-    else:
-        A = np.column_stack([np.ones_like(n), n])
-        (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
-    resid = y - (a + b * n)
-    ss = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((resid ** 2).sum()) / ss if ss > 0 else math.nan
+    # One tile size leaves only the total per tile identifiable: the fit calls it all per-block cost.
+    a, b, r2 = FitSums.of(tiles["n_blocks"].to_numpy(np.float64), y).fit(nonnegative=False)
     return CostModel(a_ns=float(a), b_ns=float(b), r2=r2, n_tiles=int(len(tiles)), basis=basis)
 
 
