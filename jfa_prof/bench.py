@@ -12,8 +12,10 @@ Result files are JSON: ``{"meta": {...}, "peers": {...}, "results": [record, ...
 (SPEC §6) holds the pass, the workload, ``flops`` (SPEC §2 convention), per implementation
 ``ms`` / ``tflops`` / ``ratio_vs_fa4`` (FA4 time over this time: above 1 is faster than FA4) /
 ``ratio_vs_best_peer`` / ``peak_mem_mb`` / relative errors or ``error``, the best peer, and
-the machine, versions, date and command (``meta``, also at the top). :func:`load_results`
-reads these and the earlier files that kept ``meta`` only at the top.
+the machine, versions, date and command (``meta``, also at the top). A run with ``limits`` also
+keeps per implementation ``gpu_ms`` (GPU work per call) and per point ``time_split`` (our kernel's
+recorded time, split: `jfa_prof.analyses.limits`). :func:`load_results` reads these and the earlier
+files that kept ``meta`` only at the top.
 """
 from __future__ import annotations
 
