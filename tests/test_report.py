@@ -120,6 +120,15 @@ def test_tables_are_the_ones_the_commands_print(full_report, full_html):
     assert "compile-only" in text or "live" in text  # doctor's verdict
 
 
+def test_a_bench_file_with_time_splits_adds_what_limits_each_point():
+    limits_file = ROOT / "benchmarks/results/limits_bwd_hsp_h200_2026-11-30.json"
+    rep = gather(bench=limits_file)
+    names = [n for n, _ in page.figures(rep)]
+    assert names[-2:] == ["bench-bwd", "bench-limits-bwd"]
+    text = re.sub(r"<[^>]+>", "", page.report_html(rep))
+    assert "bwd · what limits each point" in text and "target 1.5× FA4 · GPU time per call" in text
+
+
 def test_finish_figure_sorts_each_trace_latest_first(full_report):
     fig = page.finish_figure(full_report.traces).to_dict()
     assert [t["name"] for t in fig["data"]] == [r.label for r in full_report.traces]

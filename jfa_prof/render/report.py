@@ -117,11 +117,17 @@ def figures(report: Report) -> list[tuple[str, go.Figure]]:
 
         res = report.bench
         for pass_ in dict.fromkeys(r.get("pass", "fwd") for r in res.records):
-            frame = res.filter(pass_=pass_).frame()
+            view = res.filter(pass_=pass_)
+            frame = view.frame()
             grids = "/".join(dict.fromkeys(str(g) for g in frame["grid"]))
             out.append((f"bench-{pass_}", bench.tflops_figure(
                 frame, title=f"{pass_} TFLOPS by sparsity · {grids} grid",
                 subtitle=f"{res.provenance()} · {res.meta.get('timer', 'median')}")))
+            limits = view.limits()
+            if any(limits):
+                out.append((f"bench-limits-{pass_}", bench.limits_figure(
+                    [r["workload"].get("label") for r in view.records], limits,
+                    title=f"{pass_}: what limits each point", subtitle=res.provenance())))
     return out
 
 
@@ -200,10 +206,14 @@ def _bench_tables(report: Report) -> str:
 
     def draw(console: Console) -> None:
         for pass_ in dict.fromkeys(r.get("pass", "fwd") for r in res.records):
-            frame = res.filter(pass_=pass_).frame()
+            view = res.filter(pass_=pass_)
+            frame = view.frame()
             if frame["label"].nunique() <= 4:
                 bench.bench_table(frame, console, title=f"{pass_} · {res.provenance()}")
             bench.summary_table(frame, console, ours=res.baseline, title=f"{pass_} TFLOPS · {res.provenance()}")
+            splits = view.splits()
+            bench.limits_table([r["workload"].get("label") for r in view.records], view.limits(splits), splits, console,
+                               title=f"{pass_} · what limits each point · {res.provenance()}")
 
     return rich_html(draw)
 
