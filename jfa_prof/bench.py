@@ -799,6 +799,10 @@ class BenchResults:
             df[c] = pd.to_numeric(df[c], errors="coerce")
         return df
 
+    def labels(self) -> list[str | None]:
+        """Each record's workload label, in order."""
+        return [r["workload"].get("label") for r in self.records]
+
     def splits(self) -> list:
         """Per record, the `jfa_prof.analyses.limits.TimeSplit` recorded with ``--limits``, or None;
         fit over every point of :attr:`pool` (the whole file) that ran the same compiled kernel, so

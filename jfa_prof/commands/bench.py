@@ -76,7 +76,7 @@ def bench(
                                             + (", ×2.5 for the backward)" if pass_ == "bwd" else ")"))
         write_html(fig, html)
         if limits_html is not None:
-            write_html(render.limits_figure([r["workload"].get("label") for r in res.records], point_limits,
+            write_html(render.limits_figure(res.labels(), point_limits,
                                             title=f"{pass_}: what limits each point", subtitle=provenance),
                        limits_html)
     if json:
@@ -95,7 +95,7 @@ def bench(
         render.bench_table(frame, console, title=f"{pass_} · {grids} · {provenance}")
     render.summary_table(frame, console, ours=res.baseline, title=f"{pass_} TFLOPS · {grids} · {provenance}")
     render.roofline_table(frame, console, ours=res.baseline, title=f"{pass_} roofline · {grids} · {res.gpu}")
-    render.limits_table([r["workload"].get("label") for r in res.records], point_limits, splits, console,
+    render.limits_table(res.labels(), point_limits, splits, console,
                         title=f"{pass_} · what limits each point · {provenance}")
     if any(splits) and not any(point_limits):
         console.print("[yellow]time splits recorded, but no verdict: one needs FA4's time at the point and a target "

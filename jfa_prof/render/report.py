@@ -126,7 +126,7 @@ def figures(report: Report) -> list[tuple[str, go.Figure]]:
             limits = view.limits()
             if any(limits):
                 out.append((f"bench-limits-{pass_}", bench.limits_figure(
-                    [r["workload"].get("label") for r in view.records], limits,
+                    view.labels(), limits,
                     title=f"{pass_}: what limits each point", subtitle=res.provenance())))
     return out
 
@@ -212,7 +212,7 @@ def _bench_tables(report: Report) -> str:
                 bench.bench_table(frame, console, title=f"{pass_} · {res.provenance()}")
             bench.summary_table(frame, console, ours=res.baseline, title=f"{pass_} TFLOPS · {res.provenance()}")
             splits = view.splits()
-            bench.limits_table([r["workload"].get("label") for r in view.records], view.limits(splits), splits, console,
+            bench.limits_table(view.labels(), view.limits(splits), splits, console,
                                title=f"{pass_} · what limits each point · {res.provenance()}")
 
     return rich_html(draw)
