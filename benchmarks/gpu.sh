@@ -35,15 +35,8 @@ overhead() {  # instrumentation and host-launch overhead
   profile
   python benchmarks/launch_overhead.py --out "$OUT/launch_overhead.json" 2>&1 | tail -6
 }
-host() {  # where a short call's host time goes; then the C launch cache off vs on, alternated 3 times
-  python benchmarks/host_overhead.py --out "$OUT/host_overhead.json" 2>&1 | grep -v Warn | tail -21
-  for rep in 1 2 3; do
-    for cc in 0 1; do
-      echo "== JFA_PROF_C_CACHE=$cc ($rep)"
-      JFA_PROF_C_CACHE=$cc python benchmarks/host_overhead.py --quick --out "$OUT/host_overhead_cc${cc}_$rep.json" 2>&1 \
-        | grep -v Warn | tail -3
-    done
-  done
+host() {  # where one call's host time goes, piece by piece, beside FA4's when importable
+  python benchmarks/host_path.py --out "$OUT/host_path.json" 2>&1 | grep -v Warn | tail -44
 }
 profile() {  # what each instrumentation level costs, and each schedule uninstrumented
   python benchmarks/profile_overhead.py --out "$OUT/profile_overhead.json" 2>&1 | tail -5

@@ -145,47 +145,45 @@ def _scale(x) -> float:
 
 
 def jfa_impls(x, schedules: Sequence[str] = (DEFAULT_SCHEDULE,), pass_: str = "fwd") -> list[Impl]:
-    """Forward, per schedule: ``jfa-<s>``, the public op as a user calls it (work list built in
-    the call), and ``jfa-<s>-planned``, the kernel with a work list built beforehand, as a model
-    that shares one list across its attention layers runs it. Backward: ``jfa-<s>``, the
-    gradient of the public op (the schedule is the forward's; the backward has its own list)."""
-    w = x.workload
+    """Per schedule: ``jfa-<s>``, the public op as a user calls it (default arguments, the
+    schedule named only where it is not the default; for the backward, its gradient through
+    autograd), and for the forward ``jfa-<s>-planned``, the op with a plan built beforehand and
+    ``validate=False``, as a model that shares one plan across its attention layers runs it."""
     if pass_ == "bwd":
         return [Impl(f"jfa-{s}", (lambda s=s: _backward(x, lambda xg: _jfa_op(xg, s))),
-                     note="backward of the public op (autograd)") for s in schedules]
-    q_off = None if w.broadcast_q else x.q_offsets
+                     note="backward of the public op as called (autograd)") for s in schedules]
     out = []
     for s in schedules:
-        def planned(s=s):
-            import torch
-
-            from jfa_prof.kernels import fwd
-            from jfa_prof.kernels.attention import fwd_launch
-            from jfa_prof.schedule import fwd_work_list
-
-            wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
-                               block_m=fwd.BLOCK_M, window=w.window, causal=w.causal,
-                               schedule=s, n_ctas=torch.cuda.get_device_properties(x.q.device).multi_processor_count)
-
-            def run():
-                return fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, sm_scale=_scale(x),
-                                  window=w.window, causal=w.causal, broadcast_q=w.broadcast_q, schedule=s, work=wl)
-            return run, lambda r: r[0]
-
-        out.append(Impl(f"jfa-{s}", (lambda s=s: _jfa_op(x, s)), note=f"public op, {s} schedule"))
-        out.append(Impl(f"jfa-{s}-planned", planned, note=f"kernel, {s} work list built beforehand"))
+        out.append(Impl(f"jfa-{s}", (lambda s=s: _jfa_op(x, s)), note=f"public op as called, {s} schedule"))
+        out.append(Impl(f"jfa-{s}-planned", (lambda s=s: _jfa_op(x, s, planned=True)),
+                        note=f"public op, {s} plan built beforehand, validate=False"))
     return out
 
 
-def _jfa_op(x, schedule: str):
-    from jfa_prof.kernels.attention import jagged_flash_attention
+def _jfa_op(x, schedule: str, planned: bool = False):
+    """The public op as a model calls it: broadcast-Q without q_offsets, the mask's own arguments
+    only, everything else at its default. ``planned``: with a plan and ``validate=False``."""
+    from jfa_prof.kernels.attention import jagged_flash_attention, plan_attention
 
     w = x.workload
+    q_off = None if w.broadcast_q else x.q_offsets
+    kw: dict[str, Any] = {}
+    if w.broadcast_q:
+        kw["broadcast_q"] = True
+    if w.window is not None:
+        kw["window_size"] = w.window
+    if w.causal:
+        kw["causal"] = True
+    if schedule != DEFAULT_SCHEDULE:
+        kw["schedule"] = schedule
+    if planned:
+        kw["plan"] = plan_attention(x.kv_offsets, q_off, max_seq_len_q=x.q.shape[0] if w.broadcast_q else x.max_seq_len_q,
+                                    H=w.H, window_size=w.window, causal=w.causal, broadcast_q=w.broadcast_q,
+                                    schedule=schedule)
+        kw["validate"] = False
 
     def run():
-        return jagged_flash_attention(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, x.max_seq_len_q, x.max_seq_len_kv,
-                                      sm_scale=_scale(x), window_size=w.window, causal=w.causal,
-                                      broadcast_q=w.broadcast_q, schedule=schedule, validate=False)
+        return jagged_flash_attention(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, x.max_seq_len_kv, **kw)
     return run, lambda o: o
 
 
@@ -552,7 +550,7 @@ def _to_float(out):
 
 
 def _measure_impl(impl: Impl, *, ref, rows, first_out, tol: float, timer, twice: bool,
-                  timer_kw: dict, gpu_time: bool = False) -> tuple[dict[str, Any], Any, str | None]:
+                  timer_kw: dict, per_call: bool = True) -> tuple[dict[str, Any], Any, str | None]:
     """(entry, output kept for comparing the later implementations or None, reason to drop the
     implementation from later points or None)."""
     import torch
@@ -590,7 +588,10 @@ def _measure_impl(impl: Impl, *, ref, rows, first_out, tol: float, timer, twice:
         entry["ms"], entry["ms_repeat"] = t.ms, t.ms_repeat
     else:
         entry["ms"] = timer(run, **timer_kw)
-    if gpu_time:
+    if per_call:
+        # As a training loop sees a call: host time with calls enqueued back to back, and the GPU
+        # work each call puts on the device (host gaps left out).
+        entry["host_us"] = timing.host_us_per_call(run)
         entry["gpu_ms"] = timing.gpu_ms(run)
     return entry, keep, None
 
@@ -617,16 +618,19 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
               tol: float = DEFAULT_TOL, check_reference: bool = True, host: bool = True,
               timer: Callable[..., float] | None = None, device=None,
               on_impl: Callable[[str, str], None] | None = None,
-              on_point: Callable[[dict[str, Any]], None] | None = None, limits: bool = False) -> list[dict[str, Any]]:
+              on_point: Callable[[dict[str, Any]], None] | None = None, limits: bool = False,
+              per_call: bool = True) -> list[dict[str, Any]]:
     """Time every implementation on every workload; returns the records (without ``meta``).
 
     ``impls(x)`` replaces the default list (``jfa_impls(x, schedules)`` then the available
     ``peers``); ``baseline`` names the implementation timed twice (default: the first).
     ``on_impl(label, name)`` is called before each implementation, ``on_point(record)`` after
     each point. Peers that are not installed are left out here; :func:`peer_status` says why.
-    ``limits``: also take each implementation's GPU time per call (``gpu_ms``, host gaps left
-    out: `jfa_prof.timing.gpu_ms`), record our kernel (the first schedule) at each point after
-    the timings, and keep the split of its time (:func:`record_split`) as ``record["time_split"]``.
+    ``per_call`` (default on): also take each implementation's host time per call with calls
+    enqueued back to back (``host_us``: `jfa_prof.timing.host_us_per_call`) and its GPU time per
+    call (``gpu_ms``, host gaps left out: `jfa_prof.timing.gpu_ms`). ``limits``: record our kernel
+    (the first schedule) at each point after the timings, and keep the split of its time
+    (:func:`record_split`) as ``record["time_split"]`` (it needs ``gpu_ms``).
     """
     import torch
 
@@ -658,7 +662,7 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
             try:
                 entry, out, reason = _measure_impl(impl, ref=ref, rows=rows, first_out=first_out, tol=tol,
                                                    timer=timer, twice=impl.name == base_name, timer_kw=timer_kw,
-                                                   gpu_time=limits)
+                                                   per_call=per_call)
             except Exception as e:  # a peer that fails is reported, not fatal
                 entry, out, reason = {"error": f"{type(e).__name__}: {e}"[:500]}, None, None
             if reason:
@@ -718,7 +722,8 @@ def results_document(records: list[dict[str, Any]], meta: dict[str, Any],
 
 FRAME_COLUMNS = ("pass", "grid", "label", "B", "H", "H_kv", "D", "Lq", "max_kv", "sparsity", "broadcast_q",
                  "total_q", "total_kv", "flops", "impl", "kind", "ms", "ms_repeat", "tflops", "ratio_vs_fa4",
-                 "ratio_vs_best_peer", "best_peer", "rel_err", "peak_mem_mb", "error", "bound", "floor_ms", "roof")
+                 "ratio_vs_best_peer", "best_peer", "rel_err", "peak_mem_mb", "host_us", "gpu_ms", "error", "bound",
+                 "floor_ms", "roof")
 
 
 @dataclass
@@ -789,13 +794,14 @@ class BenchResults:
                     "ratio_vs_fa4": e.get("ratio_vs_fa4"), "ratio_vs_best_peer": e.get("ratio_vs_best_peer"),
                     "best_peer": r.get("best_peer"),
                     "rel_err": e.get("rel_err_vs_ref", e.get("rel_err_vs_first")),
-                    "peak_mem_mb": e.get("peak_mem_mb"), "error": e.get("error"),
+                    "peak_mem_mb": e.get("peak_mem_mb"), "host_us": e.get("host_us"), "gpu_ms": e.get("gpu_ms"),
+                    "error": e.get("error"),
                     "bound": roof.bound if roof else None, "floor_ms": roof.floor_ms if roof else None,
                     "roof": roof.fraction(e.get("ms")) if roof else None,
                 })
         df = pd.DataFrame(rows, columns=list(FRAME_COLUMNS))
         for c in ("ms", "ms_repeat", "tflops", "ratio_vs_fa4", "ratio_vs_best_peer", "rel_err", "peak_mem_mb",
-                  "floor_ms", "roof"):
+                  "host_us", "gpu_ms", "floor_ms", "roof"):
             df[c] = pd.to_numeric(df[c], errors="coerce")
         return df
 

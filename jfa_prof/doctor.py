@@ -312,7 +312,7 @@ def _triton_checks(tri: TritonInfo) -> list[Check]:
 
 
 def _launch_cache_check(tri: TritonInfo, env_value: str | None) -> Check:
-    slower = "short calls spend more host time per launch (benchmarks/host_overhead.py)"
+    slower = "short calls spend more host time per launch (benchmarks/host_path.py)"
     if not tri.c_launch_cache:
         return Check("launch cache", Status.WARN, f"this triton has no C launch cache: {slower}", fix=TRITON_FIX)
     if env_value == "0":

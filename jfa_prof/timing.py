@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "gpu_ms", "host_breakdown", "kernel_median_ms",
-           "measurement_meta", "require_gpu", "time_twice"]
+__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "gpu_ms", "host_breakdown", "host_us_per_call",
+           "kernel_median_ms", "measurement_meta", "require_gpu", "time_twice"]
 
 # do_bench's budgets are milliseconds of GPU time, not iteration counts: a 0.1 ms kernel gets
 # ~1000 repeats in 100 ms, a 5 ms one ~20, and both medians settle.
@@ -120,6 +120,29 @@ def host_breakdown(calls: Mapping[str, Callable[[], Any]], *, n: int = 20) -> di
         torch.cuda.synchronize()
         out[name] = {"enqueue_ms": enqueue, "synced_ms": (time.perf_counter() - t0) / n * 1e3}
     return out
+
+
+HOST_CALLS = 50  # calls enqueued back to back per round of host_us_per_call
+
+
+def host_us_per_call(fn: Callable[[], Any], *, n: int = HOST_CALLS, rounds: int = 5) -> float:
+    """Host microseconds per call of ``fn`` as a training loop spends them: ``n`` calls enqueued
+    back to back from an idle GPU, without waiting between them, timed until the host is done
+    issuing; the median of ``rounds``. A call that synchronizes inside waits for the GPU here, as it
+    would in the loop. Once the launch queue is full the host waits for the GPU too, so ``n`` is
+    kept well below its depth."""
+    import torch
+
+    fn()
+    per_call = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        per_call.append((time.perf_counter() - t0) / n * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(per_call)
 
 
 def kernel_durations_ms(fn: Callable[[], Any], kernel: str, *, n: int = 1, activity: str = "cuda"):

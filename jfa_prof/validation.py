@@ -1,12 +1,12 @@
 """Argument checks for the jagged attention op (SPEC §2), with messages that say what to fix.
 
-Shape, dtype and device checks read only metadata. Checks on offset *values* need the
-offsets on the host, which on a GPU is a device sync; they are gathered into one small tensor
-and read with a single ``.tolist()``, and ``check_values=False`` skips them for hot paths.
+These read only metadata (shapes, dtypes, devices, Python arguments), so they never wait for the
+GPU. The rules on offset *values* (start at 0, non-decreasing, end at the rows, lengths within
+``max_seq_len_*``) are checked on the device, in the call's stream: `jfa_prof.kernels.checks`.
 
 Broadcast-Q and ``q_offsets``: the kernel ignores them, but a caller may pass the offsets of
 the equivalent repeated-Q layout, ``arange(B+1)·Lq`` (what :meth:`Workload.make` returns and
-what peers take). Anything else means the caller thinks Q is jagged, so it is rejected.
+what peers take); the device checks reject anything else, which means the caller thinks Q is jagged.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import numbers
 import torch
 
 from jfa_prof.errors import BadInputError
+from jfa_prof.schedule import DEFAULT_SCHEDULE, SCHEDULES
 
 __all__ = ["JaggedInputError", "validate_attention_inputs"]
 
@@ -42,29 +43,12 @@ def _check_offsets_meta(name: str, offsets, device: torch.device) -> None:
         raise JaggedInputError(f"{name} is on {offsets.device} but q is on {device}")
 
 
-def _offset_stats(offsets: torch.Tensor) -> list[torch.Tensor]:
-    """first, last, smallest step and where it is: all a value check needs, still on device."""
-    o = offsets.to(torch.int64)
-    steps = o[1:] - o[:-1]
-    return [o[0], o[-1], steps.min(), steps.argmin()]
-
-
-def _check_offsets_values(name, first, last, min_step, at, rows, rows_of) -> None:
-    if first != 0:
-        raise JaggedInputError(f"{name}[0] must be 0, got {first}")
-    if min_step < 0:
-        raise JaggedInputError(
-            f"{name} must be non-decreasing, but {name}[{at + 1}] - {name}[{at}] = {min_step}")
-    if last != rows:
-        raise JaggedInputError(
-            f"{name}[-1] must equal the number of rows of {rows_of} ({rows}), got {last}")
-
-
 def validate_attention_inputs(
     q, k, v, q_offsets, kv_offsets, *, broadcast_q: bool, causal: bool,
-    window_size, sm_scale=None, check_values: bool = True,
+    window_size, sm_scale=None, max_seq_len_q=0, max_seq_len_kv=0, schedule=DEFAULT_SCHEDULE,
 ) -> None:
-    """Raise :class:`JaggedInputError` if the arguments break the SPEC §2 contract."""
+    """Raise :class:`JaggedInputError` if the arguments break the SPEC §2 contract (as far as it
+    can be told without reading offset values)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise JaggedInputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -117,23 +101,10 @@ def validate_attention_inputs(
                 f"q_offsets has {q_offsets.numel()} entries but kv_offsets has {batch + 1}; "
                 "both must be [B+1]")
 
-    if not check_values:
-        return
-    stats = _offset_stats(kv_offsets)
-    if q_offsets is not None:
-        stats += _offset_stats(q_offsets)
-        if broadcast_q:
-            expected = torch.arange(batch + 1, device=q.device, dtype=torch.int64) * q.shape[0]
-            stats.append((q_offsets.to(torch.int64) != expected).any().to(torch.int64))
-    values = torch.stack(stats).tolist()  # the one host sync
-
-    _check_offsets_values("kv_offsets", *values[0:4], rows=k.shape[0], rows_of="k")
-    if q_offsets is None:
-        return
-    if broadcast_q:
-        if values[8]:
-            raise JaggedInputError(
-                "broadcast_q=True takes q_offsets=None or arange(B+1) * Lq "
-                f"(Lq = q.shape[0] = {q.shape[0]}); the q_offsets given describe a jagged Q")
-    else:
-        _check_offsets_values("q_offsets", *values[4:8], rows=q.shape[0], rows_of="q")
+    for name, value in (("max_seq_len_q", max_seq_len_q), ("max_seq_len_kv", max_seq_len_kv)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise JaggedInputError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise JaggedInputError(f"{name} must be >= 0, got {value}")
+    if schedule not in SCHEDULES:
+        raise JaggedInputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")

@@ -1,13 +1,15 @@
 """The public op: `jagged_flash_attention` (SPEC §2), a torch custom op around the TLX kernels."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from jfa_prof import records
-from jfa_prof.errors import BadInputError
+from jfa_prof.errors import BadInputError, NoGpuError
 from jfa_prof.schedule import DEFAULT_SCHEDULE, WorkList, fwd_work_list
 from jfa_prof.validation import validate_attention_inputs
 
@@ -24,28 +26,72 @@ class FwdLaunch:
     block_n: int  # keys per KV block
 
 
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """`t` ([rows, heads, D]) itself when the kernels can read it through a 2-D TMA descriptor over
+    `[rows, heads * D]` with its own row stride, else one contiguous copy. TMA needs the last
+    dimension contiguous, 16-byte aligned base and row stride, and here the heads of a row packed
+    back to back; views of a fused QKV / KV projection (`qkv.view(T, 3, H, D)[:, 0]`) and row slices
+    qualify, permuted or stride-0 expanded tensors are copied."""
+    rows, heads, dim = t.shape
+    row_stride = t.stride(0)
+    if (t.stride(2) == 1 and (heads == 1 or t.stride(1) == dim) and (rows <= 1 or row_stride >= heads * dim)
+            and (row_stride * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0):
+        return t
+    # A fresh allocation: an unaligned but contiguous view would come back unchanged from .contiguous().
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
+    """A TMA descriptor over a `tma_ready` tensor, seen as `[rows, heads * D]` with its row stride."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     rows, heads, dim = t.shape
-    flat = t.view(rows, heads * dim)
-    return TensorDescriptor(flat, shape=[rows, heads * dim], strides=[heads * dim, 1],
-                            block_shape=[block_rows, head_dim])
+    row_stride = t.stride(0) if rows > 1 else heads * dim
+    return TensorDescriptor(t, shape=[rows, heads * dim], strides=[row_stride, 1], block_shape=[block_rows, head_dim])
+
+
+@functools.lru_cache(maxsize=None)
+def _device_facts(index: int) -> tuple[int, tuple[int, int]]:
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count, (props.major, props.minor)
+
+
+def _sm_count(device) -> int:
+    # Triton's interpreter runs on the CPU: a few programs exercise the persistent loop there.
+    return _device_facts(device.index if device.index is not None else torch.cuda.current_device())[0] \
+        if device.type == "cuda" else 3
+
+
+def require_hopper(device: torch.device) -> None:
+    """The kernels are built for sm_90a: say so before torch or Triton fails in their own words."""
+    if device.type != "cuda":
+        raise NoGpuError(f"jagged_flash_attention runs on an sm_90 (Hopper) GPU; its inputs are on {device}",
+                         hint="move q, k, v and the offsets to the GPU, or use jfa_prof.reference.reference_attention "
+                              "on the CPU")
+    major, minor = _device_facts(device.index if device.index is not None else torch.cuda.current_device())[1]
+    if (major, minor) != (9, 0):
+        raise NoGpuError(f"jagged_flash_attention's kernels are built for sm_90a (Hopper); {device} is "
+                         f"sm_{major}{minor}")
 
 
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
                schedule=DEFAULT_SCHEDULE, peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
-               lse_out=None, work=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None, block_n=None):
+               lse_out=None, work=None, queue=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None,
+               block_n=None):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
+    q, k and v may be any strided views (`tma_ready`: read in place where TMA allows, else copied).
     `profile` is the instrumentation level (0/False off, 1 tile records and role spans, 2/True also
     barrier waits). The record buffer is allocated here when it is on, sized for every work-list slot
     unless `record_capacity` asks for fewer (then the kernel counts what it had to drop).
-    `work` reuses a work list built earlier; `launch_hook(phase)` is called with "before" and
-    "after" right around the kernel launch, so a caller can time the kernel alone. `ablate` is a
-    bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on purpose. `kv_stages`,
-    `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per consumer and the keys per
-    KV block, for benchmarks of the choice (a `work` list must have been built for that `block_n`)."""
+    `work` reuses a work list built earlier; `queue` is a zero int32 [1] tile counter for the dynamic
+    schedule (default: the one a list built here brings, else a fresh one). `launch_hook(phase)` is
+    called with "before" and "after" right around the kernel launch, so a caller can time the kernel
+    alone. `ablate` is a bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on
+    purpose. `kv_stages`, `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per
+    consumer and the keys per KV block, for benchmarks of the choice (a `work` list must have been
+    built for that `block_n`). With no query rows or no keys nothing is launched: the output is
+    zeros and the log-sum-exp -inf (no row sees a key), and FwdLaunch has n_ctas 0."""
     from jfa_prof.kernels import fwd
 
     H, D = q.shape[1], q.shape[2]
@@ -53,11 +99,20 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     B = kv_offsets.numel() - 1
     Lq = q.shape[0] if broadcast_q else None
     total_rows = B * q.shape[0] if broadcast_q else q.shape[0]
-    # Callers (tests) may pass poisoned buffers so that unwritten elements show.
-    o = torch.empty((total_rows, H, D), dtype=q.dtype, device=q.device) if out is None else out
+    # Callers (tests) may pass poisoned buffers so that unwritten elements show; one that is not
+    # contiguous gets the result copied in.
+    o = torch.empty((total_rows, H, D), dtype=q.dtype, device=q.device) if out is None or not out.is_contiguous() \
+        else out
     lse = torch.empty((H, total_rows), dtype=torch.float32, device=q.device) if lse_out is None else lse_out
+    if total_rows == 0 or k.shape[0] == 0:
+        o.zero_()
+        lse.fill_(float("-inf"))
+        if out is not None and out is not o:
+            out.copy_(o)
+        return (o if out is None else out), lse, None, FwdLaunch(0, 0, None, work, block_n or 0)
+    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
     if n_ctas is None:
-        n_ctas = torch.cuda.get_device_properties(q.device).multi_processor_count
+        n_ctas = _sm_count(q.device)
     built_here = work is None
     if work is None:
         work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, Lq, H, max_seq_len_q,
@@ -68,8 +123,9 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     block_n = block_n or fwd.kv_block_n(work.n_m_blocks)
     n_slots = work.tiles.numel()
     grid = max(1, min(n_ctas, n_slots))
-    queue = work.n_work  # a placeholder the static and LPT kernels never touch
-    if schedule == "dynamic":
+    if schedule != "dynamic":
+        queue = work.n_work  # a placeholder the static and LPT kernels never touch
+    elif queue is None:
         # The kernel counts taken tiles up from zero: a list built here brings a zeroed counter,
         # a reused one (whose counter an earlier launch used up) gets a fresh one.
         fresh = built_here and work.queue is not None
@@ -82,8 +138,7 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         rec = torch.zeros(layout.total_words, dtype=torch.int64, device=q.device)
         rec[records.Header.CAPACITY] = cap
     else:
-        # Never read or written at PROFILE=0: empty, so the uninstrumented call launches no memset for it.
-        rec = torch.empty(1, dtype=torch.int64, device=q.device)
+        rec = _unused_records(q.device)
     q_off = kv_offsets if q_offsets is None else q_offsets
     args = (
         _descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, block_n, D), _descriptor(v, block_n, D),
@@ -91,16 +146,45 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         sm_scale, H, H // H_kv, work.n_m_blocks, Lq or 0, window if window is not None else 0, total_rows,
         layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
         layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
-    constexprs = fwd.fwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
-                                    has_window=window is not None, peel=peel, schedule=schedule,
-                                    profile=_profile_level(profile), ablate=ablate,
-                                    kv_stages=kv_stages, q_bufs=q_bufs or fwd.NUM_Q_BUFS, block_n=block_n)
+    constexprs = _fwd_constexprs(D, broadcast_q, causal, window is not None, peel, schedule, _profile_level(profile),
+                                 ablate, kv_stages, q_bufs or fwd.NUM_Q_BUFS, block_n)
     if launch_hook:
         launch_hook("before")
-    fwd._jfa_fwd[(grid, )](*args, **constexprs, num_warps=fwd.NUM_WARPS, num_stages=1)
+    _launch(fwd._jfa_fwd, (grid, ), args, constexprs, fwd.NUM_WARPS, 1, q.device)
     if launch_hook:
         launch_hook("after")
+    if out is not None and out is not o:
+        out.copy_(o)
+        o = out
     return o, lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work, block_n)
+
+
+def _launch(jit_fn, grid, args, constexprs, num_warps, num_stages, device) -> None:
+    if device.type != "cuda":  # Triton's interpreter
+        jit_fn[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        return
+    from jfa_prof.kernels.launch import launch
+
+    launch(jit_fn, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages, device_index=device.index,
+           stream=torch._C._cuda_getCurrentRawStream(device.index))
+
+
+@functools.lru_cache(maxsize=None)
+def _unused_records(device: torch.device) -> torch.Tensor:
+    # The record buffer argument of an uninstrumented launch, never read or written: one per
+    # device, so such a call allocates nothing for it.
+    return torch.empty(1, dtype=torch.int64, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _fwd_constexprs(head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate, kv_stages, q_bufs,
+                    block_n) -> dict:
+    # A dict per distinct launch configuration, built once: the call passes it on unchanged.
+    from jfa_prof.kernels import fwd
+
+    return fwd.fwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal, has_window=has_window,
+                              peel=peel, schedule=schedule, profile=profile, ablate=ablate, kv_stages=kv_stages,
+                              q_bufs=q_bufs, block_n=block_n)
 
 
 @dataclass(frozen=True)
@@ -124,7 +208,7 @@ def plan_attention(kv_offsets, q_offsets=None, *, max_seq_len_q: int, H: int, wi
     from jfa_prof.kernels import fwd
 
     if n_ctas is None:
-        n_ctas = torch.cuda.get_device_properties(kv_offsets.device).multi_processor_count
+        n_ctas = _sm_count(kv_offsets.device)
     work = fwd_work_list(kv_offsets, None if broadcast_q else q_offsets, max_seq_len_q if broadcast_q else None, H,
                          max_seq_len_q, block_m=fwd.BLOCK_M, window=window_size, causal=causal,
                          schedule=schedule, n_ctas=n_ctas)
@@ -151,26 +235,70 @@ def _profile_level(profile) -> int:
     return 2 if profile is True else int(profile)
 
 
+def _forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q,
+             schedule, work, validate):
+    """The op's forward on real tensors, shared by the eager path and the custom op: the offsets
+    checks (on the device, once per offsets version), the work list (a plan's, or one kept for
+    these offsets: `offsets_cache`), the launch. `window` is None or an int."""
+    from jfa_prof.kernels import fwd, offsets_cache
+
+    require_hopper(q.device)
+    Lq = q.shape[0] if broadcast_q else 0
+    key = (q.shape[1], window, causal, broadcast_q, schedule, max_seq_len_q, max_seq_len_kv, q.shape[0], k.shape[0])
+    entry = offsets_cache.lookup(kv_offsets, q_offsets, key)
+    if validate and not entry.checked:
+        from jfa_prof.kernels.checks import check_offsets
+
+        check_offsets(kv_offsets, q_offsets, kv_rows=k.shape[0], q_rows=q.shape[0],
+                      max_seq_len_kv=max_seq_len_kv if max_seq_len_kv >= 0 else 2**31 - 1,
+                      max_seq_len_q=max_seq_len_q, broadcast_q=broadcast_q, Lq=Lq)
+        entry.checked = True
+    queue = None
+    jagged_q = None if broadcast_q else q_offsets
+    if work is None and q.shape[0] > 0 and k.shape[0] > 0 and entry.work is None:
+        entry.work = fwd_work_list(kv_offsets, jagged_q, Lq or None, q.shape[1], max_seq_len_q, block_m=fwd.BLOCK_M,
+                                   window=window, causal=causal, schedule=schedule, n_ctas=_sm_count(q.device))
+        work = entry.work
+        queue = work.queue  # zeroed with the list
+    elif schedule == "dynamic" and q.shape[0] > 0 and k.shape[0] > 0:
+        # A plan's list or one kept from an earlier call: a counter from the entry's block of zeros.
+        queue = entry.counter(q.device)
+    if work is None:
+        work = entry.work
+    o, lse, _, _ = fwd_launch(q, k, v, jagged_q, kv_offsets, max_seq_len_q, sm_scale=sm_scale, window=window,
+                              causal=causal, broadcast_q=broadcast_q, schedule=schedule, work=work, queue=queue)
+    return o, lse
+
+
+def _backward(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal,
+              broadcast_q, deterministic):
+    require_hopper(q.device)
+    return bwd_launch(q, k, v, o, lse, do, None if broadcast_q else q_offsets, kv_offsets, max_seq_len_q,
+                      max_seq_len_kv, sm_scale=sm_scale, window=window, causal=causal, broadcast_q=broadcast_q,
+                      dq="deterministic" if deterministic else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom ops: what torch.compile sees. Eager calls skip their dispatch (see _Attention).
+# ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("jfa_prof::jfa_fwd", mutates_args=())
-def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor | None,
                 kv_offsets: torch.Tensor, max_seq_len_q: int, sm_scale: float, window: int, causal: bool,
                 broadcast_q: bool, schedule: str, max_seq_len_kv: int = -1, work_tiles: torch.Tensor | None = None,
                 work_n: torch.Tensor | None = None, work_m_blocks: int = 0,
-                deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                deterministic: bool = False, validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     # max_seq_len_kv and deterministic are for the backward: its tile bound (-1: read from the
     # offsets then) and its dQ reduction.
     # work_*: a plan's work list (tiles, n_work, query blocks per head), or None to build one here.
     work = None if work_tiles is None else WorkList(tiles=work_tiles, n_work=work_n, costs=None,
                                                     n_m_blocks=work_m_blocks)
-    o, lse, _, _ = fwd_launch(q, k, v, None if broadcast_q else q_offsets, kv_offsets, max_seq_len_q,
-                              sm_scale=sm_scale, window=None if window == _NO_WINDOW else window, causal=causal,
-                              broadcast_q=broadcast_q, schedule=schedule, work=work)
-    return o, lse
+    return _forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale,
+                    None if window == _NO_WINDOW else window, causal, broadcast_q, schedule, work, validate)
 
 
 @_jfa_fwd_op.register_fake
 def _(q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, schedule,
-      max_seq_len_kv=-1, work_tiles=None, work_n=None, work_m_blocks=0, deterministic=False):
+      max_seq_len_kv=-1, work_tiles=None, work_n=None, work_m_blocks=0, deterministic=False, validate=False):
     H, D = q.shape[1], q.shape[2]
     rows = (kv_offsets.shape[0] - 1) * q.shape[0] if broadcast_q else q.shape[0]
     return q.new_empty((rows, H, D)), q.new_empty((H, rows), dtype=torch.float32)
@@ -183,11 +311,6 @@ class BwdLaunch:
     layout: records.Layout | None
     dq: str
     schedule: str
-
-
-def _sm_count(device) -> int:
-    # Triton's interpreter runs on the CPU: a few programs exercise the persistent loop there.
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 3
 
 
 def bwd_launch(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale, window,
@@ -239,17 +362,28 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     total_rows = o.shape[0]
     rows_q = q.shape[0]
     dev = q.device
-    # The kernels assume dense [rows, heads, D] layouts; autograd may hand over an expanded
-    # (stride-0) gradient. For everything else these are no-ops.
-    q, k, v, o, lse = (t.contiguous() for t in (q, k, v, o, lse))
+    for name, given, like, like_name in (("dk_out", dk_out, k, "k"), ("dv_out", dv_out, v, "v")):
+        if given is not None and given.shape != like.shape:
+            raise ValueError(f"{name} must be shaped like {like_name}: {tuple(given.shape)} != {tuple(like.shape)}")
+    # dK / dV are written row-major; a given buffer that is not gets the result copied in.
+    dk = dk_out if dk_out is not None and dk_out.is_contiguous() else torch.empty(k.shape, dtype=k.dtype, device=dev)
+    dv = dv_out if dv_out is not None and dv_out.is_contiguous() else torch.empty(v.shape, dtype=v.dtype, device=dev)
+    if rows_q == 0 or k.shape[0] == 0 or total_rows == 0:
+        # No query row sees a key: every gradient is zero, and nothing is launched.
+        dk.zero_()
+        dv.zero_()
+        dq_out = torch.zeros(q.shape, dtype=q.dtype, device=dev)
+        return (dq_out, _copied_into(dk_out, dk), _copied_into(dv_out, dv), None,
+                BwdLaunch(0, None, dq_mode, schedule))
+    # Q, K, V are read through TMA in place where their strides allow (`tma_ready`); O, dO and the
+    # log-sum-exp by pointer, row-major (autograd may hand over an expanded, stride-0 gradient).
+    # For the usual layouts these are no-ops.
+    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
+    o, lse = o.contiguous(), lse.contiguous()
     do = do.to(o.dtype).contiguous()
     if max_seq_len_kv < 0:
         max_seq_len_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max()) if B > 0 else 0
     delta, tile_cum = _bwd_delta(o, do, kv_offsets)
-    dk = torch.empty_like(k) if dk_out is None else dk_out
-    dv = torch.empty_like(v) if dv_out is None else dv_out
-    if not (dk.is_contiguous() and dv.is_contiguous() and dk.shape == k.shape and dv.shape == v.shape):
-        raise ValueError("dk_out and dv_out must be contiguous and shaped like k and v")
 
     # dQ accumulates in fp32, [rows, H * D] (at least one row, so that the descriptor has a shape).
     rows_acc = max(rows_q, 1)
@@ -272,30 +406,39 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
         rec = torch.zeros(layout.total_words, dtype=torch.int64, device=dev)
         rec[records.Header.CAPACITY] = cap
     else:
-        rec = torch.empty(1, dtype=torch.int64, device=dev)  # never touched at PROFILE=0
+        rec = _unused_records(dev)
     q_off = kv_offsets if q_offsets is None or broadcast_q else q_offsets
     win = window if window is not None else 0
     if max_tiles > 0:
         constexprs = bwd.bwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                         has_window=window is not None, dq=dq_mode, dq_stages=dq_stages,
                                         schedule=schedule, profile=profile, ablate=ablate, block_m=block_m)
-        bwd._jfa_bwd[(grid, )](_descriptor(q, block_m, D), _descriptor(k, bwd.BLOCK_N, D),
-                               _descriptor(v, bwd.BLOCK_N, D), _descriptor(do, block_m, D), lse, delta,
-                               dq_acc if dq_acc is not None else delta, dq_desc, dk, dv, q_off, kv_offsets,
-                               tile_cum, queue, rec, sm_scale, H, H // H_kv, B,
-                               rows_q if broadcast_q else 0, win, total_rows, dk.shape[1],
-                               layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
-                               layout.spans_offset if layout else 0, layout.waits_offset if layout else 0,
-                               **constexprs, num_warps=bwd.NUM_WARPS, num_stages=bwd.NUM_STAGES)
+        args = (_descriptor(q, block_m, D), _descriptor(k, bwd.BLOCK_N, D), _descriptor(v, bwd.BLOCK_N, D),
+                _descriptor(do, block_m, D), lse, delta, dq_acc if dq_acc is not None else delta, dq_desc, dk, dv,
+                q_off, kv_offsets, tile_cum, queue, rec, sm_scale, H, H // H_kv, B, rows_q if broadcast_q else 0, win,
+                total_rows, dk.shape[1], layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
+                layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
+        _launch(bwd._jfa_bwd, (grid, ), args, constexprs, bwd.NUM_WARPS, bwd.NUM_STAGES, dev)
     else:
         # No tiles: every dK / dV row is zero (there are none, or only empty sequences).
         dk.zero_()
         dv.zero_()
     if dq_mode == "deterministic":
-        dq_acc = _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H_kv, B, rows_q,
-                                   win, total_rows, max_seq_len_q, window, causal, broadcast_q)
+        # This kernel reads Q, K and V by pointer, row-major.
+        dq_acc = _deterministic_dq(q.contiguous(), k.contiguous(), v.contiguous(), do, lse, delta, q_off, kv_offsets,
+                                   sm_scale, H, H_kv, B, rows_q, win, total_rows, max_seq_len_q, window, causal,
+                                   broadcast_q)
     dq_out = dq_acc[:rows_q].view(rows_q, H, D).to(q.dtype)
-    return dq_out, dk, dv, (rec if profile else None), BwdLaunch(grid, layout, dq_mode, schedule)
+    return (dq_out, _copied_into(dk_out, dk), _copied_into(dv_out, dv), (rec if profile else None),
+            BwdLaunch(grid, layout, dq_mode, schedule))
+
+
+def _copied_into(given, result):
+    """`result`, copied into the caller's buffer `given` where one was given and is not it."""
+    if given is None or given is result:
+        return result
+    given.copy_(result)
+    return given
 
 
 def _bwd_delta(o, do, kv_offsets):
@@ -308,8 +451,8 @@ def _bwd_delta(o, do, kv_offsets):
     delta = torch.empty((H, total_rows), dtype=torch.float32, device=o.device)
     tile_cum = torch.empty(B + 1, dtype=torch.int32, device=o.device)
     grid = (max(1, (total_rows + bwd.DELTA_ROWS - 1) // bwd.DELTA_ROWS), H)
-    bwd._jfa_bwd_delta[grid](o, do, delta, kv_offsets, tile_cum, total_rows, H, B, **bwd.delta_constexprs(head_dim=D),
-                             num_warps=bwd.DELTA_WARPS, num_stages=1)
+    _launch(bwd._jfa_bwd_delta, grid, (o, do, delta, kv_offsets, tile_cum, total_rows, H, B),
+            bwd.delta_constexprs(head_dim=D), bwd.DELTA_WARPS, 1, o.device)
     return delta, tile_cum
 
 
@@ -342,12 +485,11 @@ def _deterministic_dq(q, k, v, do, lse, delta, q_off, kv_offsets, sm_scale, H, H
 
 @torch.library.custom_op("jfa_prof::jfa_bwd", mutates_args=())
 def _jfa_bwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                do: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_seq_len_q: int,
+                do: torch.Tensor, q_offsets: torch.Tensor | None, kv_offsets: torch.Tensor, max_seq_len_q: int,
                 max_seq_len_kv: int, sm_scale: float, window: int, causal: bool,
                 broadcast_q: bool, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return bwd_launch(q, k, v, o, lse, do, None if broadcast_q else q_offsets, kv_offsets, max_seq_len_q,
-                      max_seq_len_kv, sm_scale=sm_scale, window=None if window == _NO_WINDOW else window,
-                      causal=causal, broadcast_q=broadcast_q, dq="deterministic" if deterministic else None)
+    return _backward(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale,
+                     None if window == _NO_WINDOW else window, causal, broadcast_q, deterministic)
 
 
 @_jfa_bwd_op.register_fake
@@ -358,7 +500,7 @@ def _(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
 
 def _fwd_setup_context(ctx, inputs, output):
     (q, k, v, q_offsets, kv_offsets, max_seq_len_q, sm_scale, window, causal, broadcast_q, _schedule,
-     max_seq_len_kv, _work_tiles, _work_n, _work_m_blocks, deterministic) = inputs
+     max_seq_len_kv, _work_tiles, _work_n, _work_m_blocks, deterministic, _validate) = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, o, lse)
     ctx.args = (max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q, deterministic)
@@ -369,10 +511,36 @@ def _fwd_setup_context(ctx, inputs, output):
 def _fwd_backward(ctx, grad_o, _grad_lse):
     q, k, v, q_offsets, kv_offsets, o, lse = ctx.saved_tensors
     dq, dk, dv = _jfa_bwd_op(q, k, v, o, lse, grad_o, q_offsets, kv_offsets, *ctx.args)
-    return (dq, dk, dv) + (None, ) * 13
+    return (dq, dk, dv) + (None, ) * 14
 
 
 _jfa_fwd_op.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """The eager path: the same forward and backward as the custom ops, without their dispatch
+    (in eager mode it costs more host time than a short kernel runs: benchmarks/host_path.py)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal,
+                broadcast_q, schedule, work, deterministic, validate):
+        o, lse = _forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal,
+                          broadcast_q, schedule, work, validate)
+        ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, o, lse)
+        ctx.args = (max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q, deterministic)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, _grad_lse):
+        q, k, v, q_offsets, kv_offsets, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, grad_o, q_offsets, kv_offsets, *ctx.args)
+        return (dq, dk, dv) + (None, ) * 12
+
+
+def _traced(t) -> bool:
+    """Inputs that only describe tensors (torch.compile, fake tensors): the custom op's path."""
+    return torch.compiler.is_compiling() or isinstance(t, FakeTensor)
 
 
 def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale=None,
@@ -380,23 +548,42 @@ def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
                            validate=True, return_lse=False, plan: AttentionPlan | None = None, deterministic=False):
     """Attention over packed variable-length sequences (SPEC §2).
 
-    `deterministic=True` makes the backward give the same bits every run: dQ is summed in a
-    fixed order by a kernel of its own instead of by atomic reduce-adds (slower; see kernels/bwd.py).
+    q, k and v may be views with any strides (of a fused QKV or KV projection, slices, permutes):
+    they are read in place where TMA allows and copied once otherwise.
 
-    `validate=False` skips the checks that read offsets values (one host sync on a GPU). `plan`
-    (from `plan_attention`) reuses a work list built once for these offsets; without it the call
-    builds one (a few small kernels). Both together give the kernel's own speed."""
+    `validate` (default on) checks the offsets values on the GPU, in the call's stream, without
+    waiting for it: offsets start at 0, never decrease, end at the rows of k (and q), no sequence is
+    longer than `max_seq_len_q` / `max_seq_len_kv`. A broken rule fails a device assertion naming it,
+    reported by CUDA at the next synchronization (`jfa_prof.kernels.checks`). Shapes, dtypes and the
+    other arguments are checked on the host at once. The checks and the work list are kept for the
+    offsets tensor and reused by later calls that pass the same tensor unchanged (every layer of a
+    model, the backward): `jfa_prof.kernels.offsets_cache`. `plan` (from `plan_attention`) gives a
+    work list explicitly instead.
+
+    `deterministic=True` makes the backward give the same bits every run: dQ is summed in a
+    fixed order by a kernel of its own instead of by atomic reduce-adds (slower; see kernels/bwd.py)."""
     validate_attention_inputs(q, k, v, q_offsets, kv_offsets, broadcast_q=broadcast_q, causal=causal,
-                              window_size=window_size, sm_scale=sm_scale, check_values=validate)
+                              window_size=window_size, sm_scale=sm_scale, max_seq_len_q=max_seq_len_q,
+                              max_seq_len_kv=max_seq_len_kv, schedule=schedule)
     if plan is not None:
         _check_plan(plan, kv_offsets, H=q.shape[1], window_size=window_size, causal=causal, broadcast_q=broadcast_q,
                     schedule=schedule, max_seq_len_q=q.shape[0] if broadcast_q else max_seq_len_q)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
-    q_off = q_offsets if q_offsets is not None else kv_offsets
-    o, lse = _jfa_fwd_op(q, k, v, q_off, kv_offsets, int(max_seq_len_q), float(sm_scale),
-                         _NO_WINDOW if window_size is None else int(window_size), bool(causal), bool(broadcast_q),
-                         schedule, int(max_seq_len_kv), None if plan is None else plan.work.tiles,
-                         None if plan is None else plan.work.n_work, 0 if plan is None else plan.work.n_m_blocks,
-                         bool(deterministic))
+    window = None if window_size is None else int(window_size)
+    if _traced(q):
+        o, lse = _jfa_fwd_op(q, k, v, q_offsets, kv_offsets, int(max_seq_len_q), float(sm_scale),
+                             _NO_WINDOW if window is None else window, bool(causal), bool(broadcast_q),
+                             schedule, int(max_seq_len_kv), None if plan is None else plan.work.tiles,
+                             None if plan is None else plan.work.n_work, 0 if plan is None else plan.work.n_m_blocks,
+                             bool(deterministic), bool(validate))
+    else:
+        require_hopper(q.device)
+        args = (q, k, v, q_offsets, kv_offsets, int(max_seq_len_q), int(max_seq_len_kv), float(sm_scale), window,
+                bool(causal), bool(broadcast_q), schedule, None if plan is None else plan.work, bool(deterministic),
+                bool(validate))
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            o, lse = _Attention.apply(*args)
+        else:
+            o, lse = _forward(*args[:12], args[12], args[14])
     return (o, lse) if return_lse else o
