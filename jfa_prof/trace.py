@@ -30,7 +30,6 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from jfa_prof.errors import BadInputError
+from jfa_prof.files import write_atomic
 from jfa_prof.records import FWD_ROLES, FWD_SITES, LAYOUT_VERSION, Header, Layout, Span, Tile, Wait
 
 __all__ = [
@@ -304,16 +304,8 @@ def write_trace(path: str | os.PathLike, buffer: np.ndarray, meta: Mapping[str, 
     buf = np.ascontiguousarray(_check_buffer(buffer, layout, str(path)))
     meta_bytes = np.frombuffer(json.dumps(full, default=_json_default, sort_keys=True).encode(), dtype=np.uint8)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        # A file object, not a name: given a name, numpy appends ".npz" to anything else.
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **{_RECORDS: buf, _META: meta_bytes})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # A file object, not a name: given a name, numpy appends ".npz" to anything else.
+    write_atomic(path, lambda f: np.savez_compressed(f, **{_RECORDS: buf, _META: meta_bytes}), what="trace")
     return path
 
 

@@ -50,8 +50,13 @@ def bench(
 
     from jfa_prof.bench import TARGETS, load_results
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import check_writable
     from jfa_prof.render import bench as render
 
+    # Before any timing: a run of many minutes must not end on a path it cannot write.
+    for path in (out if results is None else None, html, html and html.with_name(f"{html.stem}-limits{html.suffix}")):
+        if path:
+            check_writable(path)
     if results is not None:
         res = load_results(results).filter(grid=grid, labels=label, pass_=pass_)
         if not res.records:
@@ -122,6 +127,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
     from jfa_prof import bench as lib
     from jfa_prof import timing
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import write_atomic
     from jfa_prof.schedule import SCHEDULES
 
     lib.check_pass(pass_)
@@ -161,10 +167,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
             doc = lib.results_document(records, meta, status)
             if out is not None:
                 # Written aside and moved in whole: an interrupted write leaves the last good file.
-                out.parent.mkdir(parents=True, exist_ok=True)
-                part = out.with_name(out.name + ".partial")
-                part.write_text(_json.dumps(doc, indent=1))
-                part.replace(out)
+                write_atomic(out, _json.dumps(doc, indent=1))
             return doc
 
         def on_point(record: dict) -> None:

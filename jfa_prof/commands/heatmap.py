@@ -62,8 +62,10 @@ def heatmap(
     from jfa_prof.analyses.imbalance import imbalance
     from jfa_prof.analyses.occupancy import occupancy_matrix
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import check_writable
     from jfa_prof.render import heatmap as render
 
+    check_writable(out)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     sides = _collect(clc, trace, trace_on, err, grid=grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
 

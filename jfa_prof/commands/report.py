@@ -54,6 +54,7 @@ def report(
     from rich.console import Console
 
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import check_writable
     from jfa_prof.render import report as render
     from jfa_prof.report import gather
 
@@ -66,6 +67,7 @@ def report(
         for p in paths:
             if not p.is_file():
                 raise BadInputError(f"{flag} {p}: no such file")
+    check_writable(out)
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     # Progress on stderr, so --json output stays parseable; gone once done.

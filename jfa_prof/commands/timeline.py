@@ -39,9 +39,13 @@ def timeline(
     """
     from rich.console import Console
 
+    from jfa_prof.files import check_writable
     from jfa_prof.render import timeline as render
     from jfa_prof.trace import open_trace
 
+    for path in (out, html):
+        if path is not None:
+            check_writable(path)
     console = Console(highlight=False, soft_wrap=True)
     tr = open_trace(trace)
     rng = parse_sm_range(sm_range) if sm_range else None

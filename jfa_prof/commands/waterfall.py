@@ -55,8 +55,13 @@ def waterfall(
     from jfa_prof.ablations import load_waterfall
     from jfa_prof.analyses.waterfall import waterfall as decompose
     from jfa_prof.render import waterfall as render
+    from jfa_prof.files import check_writable, write_atomic
     from jfa_prof.render.heatmap import write_html
 
+    # Before the minutes of timing, so an impossible path fails at once.
+    for path in (out, save):
+        if path is not None:
+            check_writable(path)
     if results is not None:
         rec = load_waterfall(results)
         origin = "recorded"
@@ -67,8 +72,7 @@ def waterfall(
         origin = "live"
         provenance = f"measured on {rec.meta.get('gpu', 'this GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
         if save is not None:
-            save.parent.mkdir(parents=True, exist_ok=True)
-            save.write_text(_json.dumps(rec.to_dict(), indent=1))
+            write_atomic(save, _json.dumps(rec.to_dict(), indent=1))
 
     wf = decompose(rec.timings)
     label = rec.label or "?"

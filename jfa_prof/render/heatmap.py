@@ -21,6 +21,7 @@ from rich.table import Table
 from jfa_prof.analyses.imbalance import Imbalance
 from jfa_prof.analyses.occupancy import Occupancy
 from jfa_prof.analyses.predict import CostModel, PredictionComparison
+from jfa_prof.files import write_atomic
 
 __all__ = ["comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text", "summary_table",
            "tail_details", "write_html"]
@@ -82,10 +83,7 @@ def heatmap_figure(occ: Occupancy, *, label: str = "", title: str | None = None)
 
 def write_html(fig: go.Figure, path: str | os.PathLike) -> Path:
     """A self-contained page (plotly.js inlined), so it opens offline and can be attached anywhere."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(path, include_plotlyjs=True, full_html=True)
-    return path
+    return write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
 # ---------------------------------------------------------------------------------------------

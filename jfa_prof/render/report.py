@@ -18,6 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 from rich.console import Console
 
+from jfa_prof.files import write_atomic
 from jfa_prof.report import Report, TraceResult
 
 __all__ = ["FIGURE_CLASS", "finish_figure", "figures", "report_html", "rich_html", "write_report"]
@@ -284,7 +285,4 @@ def report_html(report: Report) -> str:
 
 
 def write_report(report: Report, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report_html(report), encoding="utf-8")
-    return path
+    return write_atomic(path, report_html(report))
