@@ -206,3 +206,23 @@ def test_heatmap_of_a_recorded_backward(tmp_path, no_live):
     (panel, ) = d["panels"]
     assert panel["mechanism"].startswith("persistent CTAs deal the valid (batch, kv head, KV block) tiles")
     assert panel["n_ctas"] == 132 and panel["dropped"] == 0
+
+
+@pytest.fixture(scope="module")
+def random_words(tmp_path_factory, files):
+    """A trace whose records are random words (a sound header and metadata)."""
+    tr = trace_mod.read_trace(files["lpt"])
+    bad = np.random.default_rng(1).integers(-2**62, 2**62, size=tr.buffer.size, dtype=np.int64)
+    bad[:8] = tr.buffer[:8]
+    return write_trace(tmp_path_factory.mktemp("bad") / "random.jfatrace", bad, tr.meta)
+
+
+@pytest.mark.parametrize("cmd", [["heatmap", "--trace"], ["timeline", "--trace"], ["barriers", "--trace"],
+                                 ["report", "--no-doctor", "--trace"]])
+def test_records_of_random_words_are_one_line_and_exit_2(tmp_path, no_live, random_words, cmd):
+    out = [] if cmd[0] == "barriers" else ["--out", str(tmp_path / "x.out")]
+    result = runner.invoke(app, [*cmd, str(random_words), *out])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "corrupt" in lines[0], result.output
+    assert not (tmp_path / "x.out").exists()
