@@ -267,6 +267,8 @@ def test_cli_compare(cli_variants):
     (["--variant", "nothing/*"], "no kernel variant matches"),
     (["--compare", "test/*", "test/hog/maxnreg64"], "must match exactly one variant, matched 2"),
     (["--target", "sm_90"], "use sm_90a"),
+    (["--target", "sm_100a"], "lacks, so no variant can build for it"),
+    (["--target", "sm_120a"], "use sm_90a"),
 ])
 def test_cli_bad_input(cli_variants, args, message):
     result = _invoke(*args)
@@ -280,6 +282,8 @@ def test_cli_reports_a_variant_that_fails(cli_variants, monkeypatch):
     assert result.exit_code == 1
     (row,) = json.loads(result.stdout)["variants"]
     assert row["variant"] == "test/broken" and "register_hog_kernel failed to compile" in row["error"]
+    # the reason, not the caret that ends the source excerpt of Triton's message
+    assert "Unsupported ptr type" in row["error"] and "tl.load" in row["error"], row["error"]
     assert "1 of 1 variants failed to compile" in result.output
 
 
