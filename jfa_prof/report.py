@@ -229,10 +229,10 @@ def compile_spills(variants: Sequence[str] | str | None = None, *, target: str =
     """The spills table (``analyses.spills.spill_table``) of the named variants (default
     :data:`MAIN_VARIANTS`), or of those matching a glob, compiled here - no GPU needed."""
     from jfa_prof.analyses import spills as analysis
-    from jfa_prof.compile import CompileFailure, compile_many, parse_target
+    from jfa_prof.compile import CompileFailure, compile_many, parse_kernel_target
     from jfa_prof.kernels import registry
 
-    target, _ = parse_target(target)
+    target, _ = parse_kernel_target(target)
     available = registry.all_variants()
     if isinstance(variants, str):
         chosen = analysis.select_variants(available, pattern=variants)

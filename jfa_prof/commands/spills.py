@@ -16,7 +16,8 @@ def spills(
     compare: Optional[Tuple[str, str]] = typer.Option(
         None, "--compare", metavar="A B", help="Show B against A, metric by metric (each may be a glob "
                                                "matching one variant), e.g. unpeeled then peeled."),
-    target: str = typer.Option("sm_90a", "--target", help="Architecture to compile for."),
+    target: str = typer.Option("sm_90a", "--target", help="Architecture to compile for: sm_90a, the only one "
+                                                          "these Hopper kernels build for."),
     json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompile from source, ignoring (and not "
                                                             "filling) the compile cache."),
@@ -33,12 +34,12 @@ def spills(
     Exits 1 when a variant fails to compile.
     """
     from jfa_prof.analyses import spills as analysis
-    from jfa_prof.compile import CompileFailure, compile_many, parse_target
+    from jfa_prof.compile import CompileFailure, compile_many, parse_kernel_target
     from jfa_prof.errors import BadInputError, JfaProfError, TlxUnavailableError
     from jfa_prof.kernels import registry
     from jfa_prof.render import spills as report
 
-    target, _ = parse_target(target)
+    target, _ = parse_kernel_target(target)
     try:
         available = registry.all_variants()
     except ImportError as err:
