@@ -325,7 +325,7 @@ def gather(*, traces: Sequence[str | os.PathLike] | None = None, live: bool | No
         origin, source = "live", f"recorded live on {recorded[0].gpu_name} for this report"
     else:
         step("reading the bundled recordings")
-        recorded = bundled_schedule_traces(**{k: v for k, v in workload.items() if k != "seed"})
+        recorded = bundled_schedule_traces(**workload)
         gpu = recorded[0].gpu_name.removeprefix("NVIDIA ")
         origin = "bundled"
         source = (f"bundled {gpu} recordings (not live: no GPU to record on here): "

@@ -134,6 +134,7 @@ def _collect(clc: Optional[Clc], files: Optional[list[Path]], file_on: Optional[
 
     want = {"off", "on"} if clc in (None, Clc.both) else {clc.value}
     if files or file_on:
+        opt.refuse_with_files("--trace", **workload)
         found: dict[str, Any] = {}
         for path, forced in [(p, False) for p in files or []] + ([(file_on, True)] if file_on else []):
             tr = read_trace(path)
@@ -154,7 +155,7 @@ def _collect(clc: Optional[Clc], files: Optional[list[Path]], file_on: Optional[
     live = _record_live(want, err, **workload)
     if live is not None:
         return live
-    return _bundled(want, **{k: v for k, v in workload.items() if k != "seed"})
+    return _bundled(want, **workload)
 
 
 def _bundled(want: set[str], **workload) -> dict[str, Any]:

@@ -47,8 +47,13 @@ def timeline(
         if path is not None:
             check_writable(path)
     console = Console(highlight=False, soft_wrap=True)
-    tr = open_trace(trace)
     rng = parse_sm_range(sm_range) if sm_range else None
+    tr = open_trace(trace)
+    if rng is not None and rng[0] >= tr.n_sms:
+        from jfa_prof.errors import BadInputError
+
+        raise BadInputError(f"--sm-range {sm_range}: the recording's {tr.gpu_name} has SMs 0 to {tr.n_sms - 1}",
+                            hint=f"e.g. --sm-range 0:{min(16, tr.n_sms)}")
     for w in tr.warnings:
         Console(stderr=True, soft_wrap=True).print(f"[bold red]warning:[/] {w}")
     console.print(f"source: {tr.describe_origin()}")

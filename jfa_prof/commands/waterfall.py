@@ -19,7 +19,8 @@ from jfa_prof.commands import options as opt
 
 
 def waterfall(
-    pass_: str = typer.Option("fwd", "--pass", help="Which kernel: fwd or bwd."),
+    pass_: Optional[str] = typer.Option(None, "--pass", help="Which kernel: fwd (default) or bwd. With "
+                                                             "--results, checked against the file's."),
     grid: opt.Grid = None,
     lq: opt.Lq = None,
     max_kv: opt.MaxKv = None,
@@ -63,11 +64,17 @@ def waterfall(
         if path is not None:
             check_writable(path)
     if results is not None:
+        opt.refuse_with_files("--results", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
         rec = load_waterfall(results)
+        if pass_ is not None and pass_ != rec.timings.pass_:
+            from jfa_prof.errors import BadInputError
+
+            raise BadInputError(f"--pass {pass_}, but {results} holds a waterfall of the {rec.timings.pass_} pass",
+                                hint=f"drop --pass, or give a {pass_} waterfall")
         origin = "recorded"
         provenance = f"recorded on {rec.meta.get('gpu', 'an unknown GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
     else:
-        rec = _measure(pass_, grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed, schedule=schedule,
+        rec = _measure(pass_ or "fwd", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed, schedule=schedule,
                        dq=dq, ablate=ablate, cumulative=cumulative, rep_ms=rep_ms)
         origin = "live"
         provenance = f"measured on {rec.meta.get('gpu', 'this GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
