@@ -587,12 +587,15 @@ def bundled_traces(pattern: str = f"*{SUFFIX}") -> list[Path]:
     return sorted(d.glob(pattern)) if d.is_dir() else []
 
 
-# File name endings of the bundled recordings, per side of the --clc axis.
-BUNDLED_SUFFIXES = {"off": ("_static" + SUFFIX, "_lpt" + SUFFIX), "on": ("_dynamic" + SUFFIX,)}
+# File name endings of the bundled recordings, per side of the --clc axis, and of the static
+# schedule alone (the baseline the heatmap shows beside both sides).
+BUNDLED_SUFFIXES = {"off": ("_static" + SUFFIX, "_lpt" + SUFFIX), "on": ("_dynamic" + SUFFIX,),
+                    "static": ("_static" + SUFFIX,)}
 
 
 def find_bundled(clc: str, **workload: Any) -> Path | None:
-    """The bundled recording for one side of ``--clc`` ("off" or "on"), or None.
+    """The bundled recording for one side of ``--clc`` ("off" or "on"), or of the static
+    schedule ("static"), or None.
 
     ``workload`` fields that are not None (``grid``, ``Lq``, ``max_kv``, ``sparsity``, ...) must
     match the recording's ``meta["workload"]``; among matches the first by name wins.

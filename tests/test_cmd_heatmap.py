@@ -49,7 +49,7 @@ def test_heatmap_off_and_on_from_files(tmp_path, files, no_live):
     out = result.stdout
     assert "clc off: lpt" in out and "clc on: dynamic" in out
     assert "atomic tile counter" in out and "Hopper has no CLC" in out
-    assert "SM imbalance" in out and "clc on vs off: makespan" in out
+    assert "SM imbalance" in out and "dynamic (clc on) vs lpt (clc off): makespan" in out
     assert f"wrote {html}" in out and html.stat().st_size > 1_000_000
 
 
@@ -226,3 +226,45 @@ def test_records_of_random_words_are_one_line_and_exit_2(tmp_path, no_live, rand
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "corrupt" in lines[0], result.output
     assert not (tmp_path / "x.out").exists()
+
+
+def test_recordings_of_different_workloads_are_not_compared(tmp_path, files, no_live):
+    tr = trace_mod.read_trace(files["dynamic"])
+    other = write_trace(tmp_path / "other.jfatrace", tr.buffer,
+                        {**tr.meta, "workload": {**tr.meta["workload"], "label": "hsp Lq=128 max=2048 s=0.5"}})
+    result = runner.invoke(app, ["heatmap", "--trace", str(files["lpt"]), "--trace", str(other),
+                                 "--out", str(tmp_path / "h.html")])
+    assert result.exit_code == 2, result.output
+    assert "different workloads" in result.stderr and "hsp Lq=128 max=2048 s=0.5" in result.stderr
+    assert not (tmp_path / "h.html").exists()
+
+
+def test_bundled_heatmap_shows_static_lpt_and_dynamic_and_says_what_each_is(tmp_path, no_live):
+    html = tmp_path / "h.html"
+    result = runner.invoke(app, ["heatmap", "--out", str(html)])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "static: no tile scheduler, the baseline" in out and "clc off: lpt" in out and "clc on: dynamic" in out
+    # every schedule against the static baseline, then the queue against LPT, each named
+    assert "lpt (clc off) vs static: makespan +11.6%" in out
+    assert "dynamic (clc on) vs static: makespan -7.8%" in out
+    assert "dynamic (clc on) vs lpt (clc off): makespan -17.4%" in out
+    page = html.read_text()
+    assert "bundled H200 recordings, not live" in page
+    d = _json(runner.invoke(app, ["heatmap", "--out", str(html), "--json"]))
+    assert [p["clc"] for p in d["panels"]] == ["static", "off", "on"]
+    assert [p["schedule"] for p in d["panels"]] == ["static", "lpt", "dynamic"]
+    assert d["bundled"] is True and all(p["origin"] == "bundled" for p in d["panels"])
+    on_only = _json(runner.invoke(app, ["heatmap", "--clc", "on", "--out", str(html), "--json"]))
+    assert [p["clc"] for p in on_only["panels"]] == ["on"]
+
+
+def test_a_static_file_beside_an_lpt_one_is_the_baseline(tmp_path, files, no_live):
+    tr = trace_mod.read_trace(files["lpt"])
+    static = write_trace(tmp_path / "static.jfatrace", tr.buffer, {**tr.meta, "schedule": "static",
+                                                                     "schedule_mechanism": None})
+    d = _json(runner.invoke(app, ["heatmap", "--trace", str(static), "--trace", str(files["lpt"]),
+                                  "--trace", str(files["dynamic"]), "--out", str(tmp_path / "h.html"), "--json"]))
+    assert [(p["clc"], p["schedule"]) for p in d["panels"]] == [("static", "static"), ("off", "lpt"),
+                                                                 ("on", "dynamic")]
+    assert d["bundled"] is False

@@ -129,10 +129,12 @@ def summary_table(results: Sequence[tuple[str, Imbalance]], console: Console, *,
     console.print(table)
 
 
-def contrast_line(off: Imbalance, on: Imbalance) -> str:
-    """One sentence on what the dynamic schedule changed."""
+def contrast_line(off: Imbalance, on: Imbalance, *, names: tuple[str, str] = ("off", "on")) -> str:
+    """One sentence on what the second schedule changed against the first (``names``: what
+    each is, e.g. ``("static", "dynamic (clc on)")``)."""
     change = (on.makespan_ns - off.makespan_ns) / off.makespan_ns if off.makespan_ns else math.nan
-    return (f"clc on vs off: makespan {'–' if math.isnan(change) else f'{100 * change:+.1f}%'}, "
+    lead = "clc on vs off" if names == ("off", "on") else f"{names[1]} vs {names[0]}"
+    return (f"{lead}: makespan {'–' if math.isnan(change) else f'{100 * change:+.1f}%'}, "
             f"tail {_us(off.tail_ns)} → {_us(on.tail_ns)}, "
             f"idle {_pct(off.idle_fraction)} → {_pct(on.idle_fraction)}")
 

@@ -160,8 +160,8 @@ def _heatmap_tables(report: Report) -> str:
         ons = [r for r in report.traces if r.trace.schedule == "dynamic"]
         if ons:
             for off in (r for r in report.traces if r.trace.schedule != "dynamic"):
-                console.print(f"{off.trace.schedule} → {ons[0].trace.schedule}: "
-                              + heatmap.contrast_line(off.imbalance, ons[0].imbalance))
+                console.print(heatmap.contrast_line(off.imbalance, ons[0].imbalance,
+                                                    names=(off.trace.schedule, ons[0].trace.schedule)))
         heatmap.tail_details([(r.label, r.imbalance) for r in report.traces], console)
         predicted = [(r.label, r.prediction.comparison, r.prediction.cost_model)
                      for r in report.traces if r.prediction is not None]
