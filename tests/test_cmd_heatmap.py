@@ -268,3 +268,21 @@ def test_a_static_file_beside_an_lpt_one_is_the_baseline(tmp_path, files, no_liv
     assert [(p["clc"], p["schedule"]) for p in d["panels"]] == [("static", "static"), ("off", "lpt"),
                                                                  ("on", "dynamic")]
     assert d["bundled"] is False
+
+
+def test_timeline_json_and_files_say_they_come_from_bundled_recordings(tmp_path):
+    out, html = tmp_path / "t.json", tmp_path / "g.html"
+    result = runner.invoke(app, ["timeline", "--out", str(out), "--html", str(html), "--json"])
+    d = _json(result)
+    assert d["bundled"] is True and d["origin"] == "bundled" and "not live" in d["source"]
+    assert d["json"] == str(out) and d["html"] == str(html) and d["tiles"] == 8192 and d["sms"] == 132
+    meta = json.loads(out.read_text())["metadata"]
+    assert meta["bundled"] is True and "not live" in meta["source"]
+    assert "bundled H200 recording, not live" in html.read_text()
+
+
+def test_timeline_json_from_a_file(tmp_path, files):
+    d = _json(runner.invoke(app, ["timeline", "--trace", str(files["lpt"]), "--out", str(tmp_path / "t.json"),
+                                  "--sm-range", "0:4", "--json"]))
+    assert d["bundled"] is False and d["origin"] == "file" and d["sm_range"] == [0, 4] and d["sms"] == 4
+    assert json.loads((tmp_path / "t.json").read_text())["metadata"]["bundled"] is False
