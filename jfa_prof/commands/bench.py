@@ -1,5 +1,6 @@
 """``jfa-prof bench``: the kernel against FlashAttention-4 and PyTorch's attention, on the
-SPEC §6 grids, in TFLOPS by the SPEC §2 FLOP convention.
+benchmark grids of ``jfa_prof.inputs``, in TFLOPS by FlashAttention-4's FLOP convention
+(4·H·D·Σ Lq·Lk, ×2.5 for the backward).
 
 Live on a GPU, or, with ``--results FILE``, from a result file recorded elsewhere (then every
 table and chart says where and when it was recorded).
@@ -20,7 +21,7 @@ DEFAULT_PEERS = "fa4,varlen,sdpa,flex"
 def bench(
     pass_: str = typer.Option("fwd", "--pass", help="fwd, or bwd: the backward of each (gradient of a fixed "
                                                     "upstream gradient; peers on repeated Q, autograd summing dQ)."),
-    grid: Optional[str] = typer.Option(None, "--grid", help="SPEC §6 grid: hsp, jagged, dense. Live default: hsp; "
+    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid: hsp, jagged, dense. Live default: hsp; "
                                                             "with --results: every grid in the file."),
     label: Optional[list[str]] = typer.Option(None, "--label", help="Only this workload, e.g. 'hsp Lq=256 max=2048 "
                                                                     "s=0.5'; repeat for more."),
@@ -28,7 +29,8 @@ def bench(
                                                              "fa4, varlen, sdpa, flex; '' for none."),
     schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="Schedules of this kernel to time, comma-separated."),
     rep_ms: int = typer.Option(100, "--rep-ms", min=1, help="Milliseconds of repeats per timing (median taken)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the results (JSON, SPEC §6 records) here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the results (JSON: one record per point, "
+                                                                   "readable with --results) here."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write TFLOPS-vs-sparsity charts (HTML) here; with time "
                                                              "splits, what limits each point beside it (NAME-limits.html)."),
     json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),

@@ -24,7 +24,9 @@ def spills(
     jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Compiler processes for cache misses "
                                                              "(0: one per core, up to 8)."),
 ) -> None:
-    """Compile the kernel variants for the target - no GPU needed - and report registers, spill
+    """Registers, spills, local memory and waits of each kernel variant, compiled here (no GPU needed).
+
+    Compiles the kernel variants for the target and reports registers, spill
     bytes, stack, shared memory and the LDL/STL instructions in the SASS, and how the SASS waits:
     the most wgmma groups it issues before a wait (1: no two matmuls ever overlap, whatever the
     source asked for) and its barriers, the compiler's included.
