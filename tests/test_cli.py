@@ -135,6 +135,8 @@ def test_each_command_summary_is_one_whole_sentence():
         summary = (group.commands[name].help or "").strip().split("\n\n")[0]
         # the listing of `jfa-prof --help` shows this paragraph, line breaks and all
         assert "\n" not in summary and summary.endswith(".") and len(summary) <= 110, (name, summary)
+        # click's own listing (help without rich) shows it whole, not cut at 45 characters
+        assert group.commands[name].get_short_help_str(limit=45) == summary
 
 
 def test_record_without_a_gpu_does_not_suggest_an_option_it_lacks(tmp_path, monkeypatch):
