@@ -2,6 +2,8 @@
 refusal is one line on stderr and exit code 2."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -71,3 +73,15 @@ def test_timeline_sm_range_past_the_gpus_sms_is_refused(tmp_path):
     result = runner.invoke(app, ["timeline", "--sm-range", "500:600", "--out", str(tmp_path / "t.json")])
     _refused(result, "--sm-range 500:600", "SMs 0 to 131")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_live_only_options_next_to_results_are_refused(tmp_path):
+    recorded = write_waterfall(tmp_path / "wf.json")
+    _refused(runner.invoke(app, ["waterfall", "--results", str(recorded), "--save", str(tmp_path / "s.json"),
+                                 "--out", str(tmp_path / "w.html")]), "--save", "live run")
+    _refused(runner.invoke(app, ["waterfall", "--results", str(recorded), "--cumulative",
+                                 "--out", str(tmp_path / "w.html")]), "--cumulative")
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks/results/fwd_hsp_h200_2026-11-30.json")
+    _refused(runner.invoke(app, ["bench", "--results", bench, "--out", str(tmp_path / "b.json")]), "--out",
+             "live run")
+    assert not (tmp_path / "b.json").exists()

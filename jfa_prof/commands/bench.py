@@ -60,6 +60,10 @@ def bench(
         if path:
             check_writable(path)
     if results is not None:
+        if out is not None or limits:
+            flag = "--out" if out is not None else "--limits"
+            raise BadInputError(f"{flag} applies to a live run; with --results nothing is measured",
+                                hint=f"drop {flag} (--html and --json render the file)")
         res = load_results(results).filter(grid=grid, labels=label, pass_=pass_)
         if not res.records:
             raise BadInputError(f"{results} holds no {pass_} results"

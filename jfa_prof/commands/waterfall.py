@@ -65,6 +65,14 @@ def waterfall(
             check_writable(path)
     if results is not None:
         opt.refuse_with_files("--results", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+        live_only = {"--save": save, "--schedule": schedule, "--dq": dq, "--ablate": ablate,
+                     "--cumulative": cumulative or None}
+        given = [flag for flag, v in live_only.items() if v is not None]
+        if given:
+            from jfa_prof.errors import BadInputError
+
+            raise BadInputError(f"{', '.join(given)} applies to a live run; with --results nothing is measured",
+                                hint=f"drop {' '.join(given)}")
         rec = load_waterfall(results)
         if pass_ is not None and pass_ != rec.timings.pass_:
             from jfa_prof.errors import BadInputError
