@@ -164,6 +164,16 @@ def test_report_command_without_arguments_uses_the_bundled_recordings(tmp_path, 
     assert out.read_text().count("Plotly.newPlot(") == 2
 
 
+def test_report_command_logs_its_steps_when_stderr_is_no_terminal(tmp_path, monkeypatch):
+    monkeypatch.setattr("jfa_prof.report.can_record_live", lambda: False)
+    result = runner.invoke(app, ["report", "-o", str(tmp_path / "r.html"), "--no-doctor", "--no-predict",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    steps = result.stderr.splitlines()
+    assert steps[0] == "reading the bundled recordings" and steps[-1] == "writing the page"
+    json.loads(result.stdout)
+
+
 def test_report_command_json(tmp_path):
     out = tmp_path / "r.html"
     wf = write_waterfall(tmp_path / "wf.json")

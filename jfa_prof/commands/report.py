@@ -72,9 +72,18 @@ def report(
         opt.refuse_with_files("--trace", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
     check_writable(out)
 
+    import contextlib
+
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    class _Lines:
+        """A log gets a line per step: a spinner shows nothing there, and --spills can take minutes."""
+
+        def update(self, text: str) -> None:
+            err.print(text.removesuffix("…"), markup=False)
+
     # Progress on stderr, so --json output stays parseable; gone once done.
-    with err.status("gathering…") as status:
+    with err.status("gathering…") if err.is_terminal else contextlib.nullcontext(_Lines()) as status:
         compiled: list[str] = []
 
         def on_compiled(v, outcome) -> None:
