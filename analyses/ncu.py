@@ -300,6 +300,14 @@ def read_report(path: str | Path) -> NcuReport:
     if not kernels:
         raise BadInputError(f"{path} holds no profiled kernel",
                             hint="truncated, or ncu matched no kernel (check -k and -c)")
+    for k in kernels:
+        # ncu_report reads a damaged record as an action without a name, device or any value; a
+        # real profile always has its kernel's name and device attributes.
+        if (k.name == "?" and k.device is None and k.arch is None
+                and all(v is None for v in k.metrics.values()) and not k.stalls):
+            raise BadInputError(f"{path} is corrupt: profiled kernel {k.action_index} of range {k.range_index} "
+                                "has no name, no device and no metric value",
+                                hint="the file is damaged; profile again")
     return NcuReport(path=str(path), kernels=tuple(kernels))
 
 

@@ -856,6 +856,21 @@ class BenchResults:
         return {"meta": self.meta, "peers": self.peers, "results": self.records}
 
 
+def _check_impls(path: Path, i: int, record: dict[str, Any]) -> None:
+    """Each implementation's entry must be an object with a numeric (or absent) time: a point
+    with none, or a null entry, would drop out of every table without a word."""
+    where = f"{path}: record {i} ({record['workload'].get('label') or 'no label'})"
+    if not record["impls"]:
+        raise BadInputError(f"{where} times no implementation (\"impls\" is empty)")
+    for name, e in record["impls"].items():
+        if not isinstance(e, dict):
+            shown = "null" if e is None else type(e).__name__
+            raise BadInputError(f"{where}: implementation {name!r} is {shown}, not an object with its time")
+        ms = e.get("ms")
+        if ms is not None and (isinstance(ms, bool) or not isinstance(ms, (int, float))):
+            raise BadInputError(f"{where}: implementation {name!r} has ms {ms!r}, not a number")
+
+
 def load_results(path: str | Path) -> BenchResults:
     """A bench result file, of this module's format or the earlier one (``meta`` at the top
     only, no best peer): records get the top-level ``meta``, and TFLOPS and ratios are
@@ -870,6 +885,7 @@ def load_results(path: str | Path) -> BenchResults:
     for i, r in enumerate(doc["results"]):
         if not isinstance(r, dict) or not isinstance(r.get("workload"), dict) or not isinstance(r.get("impls"), dict):
             raise BadInputError(f"{path}: record {i} lacks a workload or impls")
+        _check_impls(path, i, r)
         r = {**r, "impls": {n: dict(e) for n, e in r["impls"].items()}}
         r.setdefault("meta", meta)
         r.setdefault("pass", "fwd")

@@ -91,14 +91,18 @@ from jfa_prof.commands.doctor import doctor as doctor_cmd  # noqa: E402
 from jfa_prof.commands.record import record as record_cmd  # noqa: E402
 from jfa_prof.commands.report import report as report_cmd  # noqa: E402
 
-app.command("heatmap")(heatmap_cmd)
-app.command("spills")(spills_cmd)
-app.command("waterfall")(waterfall_cmd)
-app.command("ncu")(ncu_cmd)
-app.command("timeline")(timeline_cmd)
-app.command("barriers")(barriers_cmd)
-app.command("bench")(bench_cmd)
-app.command("record")(record_cmd)
-app.command("report")(report_cmd)
-app.command("doctor")(doctor_cmd)
+
+def _summary(fn) -> str:
+    """The first paragraph of a command's docstring, whole: click would otherwise cut the
+    listing's summary at 45 characters, mid-sentence, wherever it formats help without rich."""
+    import inspect
+
+    return " ".join(inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0].split())
+
+
+for _name, _fn in (("heatmap", heatmap_cmd), ("spills", spills_cmd), ("waterfall", waterfall_cmd),
+                   ("ncu", ncu_cmd), ("timeline", timeline_cmd), ("barriers", barriers_cmd),
+                   ("bench", bench_cmd), ("record", record_cmd), ("report", report_cmd),
+                   ("doctor", doctor_cmd)):
+    app.command(_name, short_help=_summary(_fn))(_fn)
 # ---- end of command registration ------------------------------------------------------------

@@ -53,6 +53,11 @@ TARGETS: Mapping[str, int] = MappingProxyType({
 })
 
 
+# What jfa_prof.kernels build for. They issue wgmma and setmaxnreg, which exist only as sm_90a
+# features: Blackwell (sm_100a, sm_120a) has no wgmma, and compiling there fails in every variant.
+KERNEL_TARGETS: tuple[str, ...] = ("sm_90a",)
+
+
 class KernelCompileError(JfaProfError):
     """The kernel did not compile: a frontend error in the kernel source, or ptxas refusing it."""
 
@@ -155,6 +160,15 @@ def parse_target(target: str) -> tuple[str, int]:
                 "(arch-specific features such as wgmma and setmaxnreg)", hint=f"use sm_{cap}a")
         raise BadInputError(f"unknown target {target!r}", hint=f"one of {', '.join(TARGETS)}")
     return name, TARGETS[name]
+
+
+def parse_kernel_target(target: str) -> tuple[str, int]:
+    """:func:`parse_target`, limited to the architectures the JFA kernels build for."""
+    name, cap = parse_target(target)
+    if name not in KERNEL_TARGETS:
+        raise BadInputError(f"target {name}: the JFA kernels use Hopper's wgmma and setmaxnreg, which {name} "
+                            "lacks, so no variant can build for it", hint=f"use {' or '.join(KERNEL_TARGETS)}")
+    return name, cap
 
 
 def default_cache_dir() -> Path:
@@ -282,6 +296,28 @@ def compile_many(variants: Sequence[Any], target: str = "sm_90a", *, use_cache: 
             for fut in as_completed(futures):
                 done(futures[fut], fut.result())
     return [outcomes[i] for i in range(len(variants))]
+
+
+# Cold compile of one JFA variant, in core-seconds: 27 forward variants took 350 s on 2 cores.
+# Only for telling a user up front roughly how long a run will take.
+COLD_SECONDS_PER_VARIANT = 26.0
+
+
+def cache_misses(variants: Sequence[Any], target: str = "sm_90a", *,
+                 cache_dir: str | Path | None = None) -> list[bool]:
+    """Per variant, whether :func:`compile_many` would have to build it (no cache entry), without
+    compiling or reading the entries. A variant whose job cannot even be prepared fails at once
+    and counts as no miss."""
+    out = []
+    for v in variants:
+        try:
+            job = _Job.prepare(v.kernel, v.signature, v.constexprs, v.num_warps, v.num_stages, target,
+                               getattr(v, "options", None), cache_dir)
+        except JfaProfError:
+            out.append(False)
+            continue
+        out.append(not (job.entry / "result.json").is_file())
+    return out
 
 
 def _failure(variant: Any, err: JfaProfError) -> CompileFailure:
@@ -440,10 +476,50 @@ def _compile_error(kname: str, err: Exception) -> KernelCompileError:
         first = next((ln for ln in log.splitlines() if "fatal" in ln or "error" in ln), log[:200])
         return KernelCompileError(f"ptxas rejected {kname}: {first.strip()}", kernel=kname,
                                   stage="ptxas", log=log)
-    summary = str(err).strip().splitlines()
-    return KernelCompileError(f"{kname} failed to compile: {type(err).__name__}: "
-                              f"{summary[-1] if summary else ''}", kernel=kname, stage="frontend",
-                              log=str(err))
+    reason = _frontend_reason(err)
+    # The whole chain, outermost first: each level names the call site that led to the next.
+    chain, e = [], err
+    while e is not None and len(chain) < 20:
+        chain.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return KernelCompileError(f"{kname} failed to compile: {reason}", kernel=kname, stage="frontend",
+                              log="\n\n".join(chain))
+
+
+def _frontend_reason(err: Exception) -> str:
+    """The sentence that says why, from Triton's errors: a CompilationError's text is a source
+    excerpt ending in a caret under the column, and the reason sits deeper in the chain (an
+    ``error_message``, or the error that was raised while compiling), often in a helper the
+    kernel called."""
+    chain, e = [], err
+    while e is not None and len(chain) < 20:
+        chain.append(e)
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    reason = None
+    for e in reversed(chain):
+        msg = getattr(e, "error_message", None)
+        if msg:
+            reason = f"{type(e).__name__}: {str(msg).strip()}"
+            break
+        if not hasattr(e, "node"):  # not one of Triton's source-position wrappers: the cause itself
+            lines = [ln.strip() for ln in str(e).strip().splitlines()]
+            lines = [ln for ln in lines if ln and set(ln) != {"^"}]
+            if lines:
+                reason = f"{type(e).__name__}: {lines[-1]}"
+                break
+    if reason is None:
+        reason = f"{type(err).__name__} without a message"
+    where = next((w for w in map(_source_position, reversed(chain)) if w), None)
+    return reason + (f" ({where})" if where else "")
+
+
+def _source_position(err: Exception) -> str | None:
+    node = getattr(err, "node", None)
+    if node is None or not getattr(node, "lineno", None):
+        return None
+    src = getattr(err, "src", None)
+    m = re.search(r"^\s*def\s+(\w+)", src, re.M) if isinstance(src, str) else None
+    return f"line {node.lineno} of {m.group(1)}" if m else f"line {node.lineno}"
 
 
 def _tool(name: str, capability: int):

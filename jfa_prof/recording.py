@@ -26,7 +26,8 @@ def require_gpu():
 
     if not torch.cuda.is_available():
         raise NoGpuError("no CUDA GPU is visible: live recording needs an sm_90 GPU",
-                         hint="use --trace FILE, or the bundled H200 recordings")
+                         hint="record on an H100/H200 machine; heatmap, timeline, barriers and report read the "
+                              "file there or here with --trace, or show the bundled H200 recordings")
     return torch.device("cuda", torch.cuda.current_device())
 
 

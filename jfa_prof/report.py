@@ -229,10 +229,10 @@ def compile_spills(variants: Sequence[str] | str | None = None, *, target: str =
     """The spills table (``analyses.spills.spill_table``) of the named variants (default
     :data:`MAIN_VARIANTS`), or of those matching a glob, compiled here - no GPU needed."""
     from jfa_prof.analyses import spills as analysis
-    from jfa_prof.compile import CompileFailure, compile_many, parse_target
+    from jfa_prof.compile import CompileFailure, compile_many, parse_kernel_target
     from jfa_prof.kernels import registry
 
-    target, _ = parse_target(target)
+    target, _ = parse_kernel_target(target)
     available = registry.all_variants()
     if isinstance(variants, str):
         chosen = analysis.select_variants(available, pattern=variants)
@@ -325,7 +325,7 @@ def gather(*, traces: Sequence[str | os.PathLike] | None = None, live: bool | No
         origin, source = "live", f"recorded live on {recorded[0].gpu_name} for this report"
     else:
         step("reading the bundled recordings")
-        recorded = bundled_schedule_traces(**{k: v for k, v in workload.items() if k != "seed"})
+        recorded = bundled_schedule_traces(**workload)
         gpu = recorded[0].gpu_name.removeprefix("NVIDIA ")
         origin = "bundled"
         source = (f"bundled {gpu} recordings (not live: no GPU to record on here): "

@@ -30,7 +30,6 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from jfa_prof.errors import BadInputError
+from jfa_prof.files import write_atomic
 from jfa_prof.records import FWD_ROLES, FWD_SITES, LAYOUT_VERSION, Header, Layout, Span, Tile, Wait
 
 __all__ = [
@@ -304,16 +304,8 @@ def write_trace(path: str | os.PathLike, buffer: np.ndarray, meta: Mapping[str, 
     buf = np.ascontiguousarray(_check_buffer(buffer, layout, str(path)))
     meta_bytes = np.frombuffer(json.dumps(full, default=_json_default, sort_keys=True).encode(), dtype=np.uint8)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        # A file object, not a name: given a name, numpy appends ".npz" to anything else.
-        with os.fdopen(fd, "wb") as f:
-            np.savez_compressed(f, **{_RECORDS: buf, _META: meta_bytes})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # A file object, not a name: given a name, numpy appends ".npz" to anything else.
+    write_atomic(path, lambda f: np.savez_compressed(f, **{_RECORDS: buf, _META: meta_bytes}), what="trace")
     return path
 
 
@@ -321,7 +313,11 @@ def read_trace(path: str | os.PathLike, *, origin: str = "file") -> Trace:
     """Load and decode a trace file; BadInputError says what is wrong with a bad one."""
     path = Path(path)
     meta, buffer = _load(path, with_records=True)
-    return trace_from_buffer(buffer, meta, path=path, origin=origin)
+    tr = trace_from_buffer(buffer, meta, path=path, origin=origin)
+    if not len(tr.tiles) and not len(tr.spans) and not tr.dropped and not tr.waits["count"].any():
+        raise BadInputError(f"{path} holds no records: its record buffer is all zeros, as if the kernel "
+                            "never wrote to it", hint="re-record it")
+    return tr
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
@@ -354,7 +350,7 @@ def _load(path: Path, *, with_records: bool) -> tuple[dict[str, Any], np.ndarray
     except BadInputError:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-        raise BadInputError(f"{path} is corrupt: {e}") from None
+        raise BadInputError(f"{path} is corrupt: {_short_reason(e)}") from None
 
     if meta_raw.dtype != np.uint8 or meta_raw.ndim != 1:
         raise BadInputError(f"{path} is corrupt: metadata is {meta_raw.dtype}{list(meta_raw.shape)}, not bytes")
@@ -373,6 +369,17 @@ def _load(path: Path, *, with_records: bool) -> tuple[dict[str, Any], np.ndarray
     return meta, buffer
 
 
+def _short_reason(err: Exception, limit: int = 160) -> str:
+    """What numpy or zipfile said about a damaged archive, cut to one short line: their messages
+    can quote a whole damaged header (hundreds of kilobytes)."""
+    text = str(err)
+    if "pickled" in text:
+        # numpy's advice to allow pickles is the wrong one for a file that should hold none.
+        return "an archive member is not a plain array (damaged, or not written by jfa-prof)"
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    return first if len(first) <= limit else first[:limit].rstrip() + "…"
+
+
 def trace_from_buffer(buffer: np.ndarray, meta: Mapping[str, Any], *, path: Path | None = None,
                       origin: str = "memory") -> Trace:
     """Decode a record buffer in memory (the live ``record`` path), exactly as read_trace does."""
@@ -389,6 +396,7 @@ def trace_from_buffer(buffer: np.ndarray, meta: Mapping[str, Any], *, path: Path
     dropped = int(parts["header"][Header.DROPPED])
     if dropped < 0:
         raise BadInputError(f"{where} is corrupt: negative dropped-record count {dropped}")
+    _check_records(parts, meta, layout, dropped, where)
 
     roles = tuple(meta["layout"]["roles"])
     sites = tuple(meta["layout"]["sites"])
@@ -411,11 +419,89 @@ def trace_from_buffer(buffer: np.ndarray, meta: Mapping[str, Any], *, path: Path
     if dropped:
         warnings.append(f"{dropped} tile record(s) dropped: the record buffer "
                         f"({layout.tile_capacity} slots) was full; results miss those tiles")
-    bad = tiles["t_end"] < tiles["t_start"]
-    if bad.any():
-        warnings.append(f"{int(bad.sum())} tile record(s) end before they start")
     return Trace(meta=meta, buffer=buf, layout=layout, tiles=tiles, spans=spans, waits=waits,
                  dropped=dropped, t0_ns=t0, path=path, origin=origin, warnings=warnings)
+
+
+# One launch of these kernels lasts milliseconds; a recording whose %globaltimer values spread
+# over more than this is not of one launch.
+MAX_LAUNCH_NS = 60 * 10**9
+# clock64 ticks per %globaltimer ns must be near the SM clock: boost and throttling move it by
+# tens of percent, never by these factors.
+_CLOCK_RATIO_RANGE = (0.25, 4.0)
+
+
+def _check_records(parts: dict[str, np.ndarray], meta: Mapping[str, Any], layout: Layout, dropped: int,
+                   where: str) -> None:
+    """Refuse records that cannot come from a launch the metadata describes: fields outside the
+    GPU's SMs, the launch's CTAs, its roles or its tiles, times running backwards or spread
+    beyond one launch, clock ticks that do not match the SM clock. Random or damaged words fail
+    here, with the first field that is off, instead of in an analysis far downstream."""
+    def corrupt(what: str) -> BadInputError:
+        return BadInputError(f"{where} is corrupt: {what}",
+                             hint="its records do not match its own metadata; re-record it")
+
+    gpu = meta.get("gpu") if isinstance(meta.get("gpu"), Mapping) else {}
+    sm_count = gpu.get("sm_count")
+    sm_count = sm_count if isinstance(sm_count, int) and not isinstance(sm_count, bool) and sm_count > 0 else None
+    n_work = meta.get("n_work")
+    n_work = n_work if isinstance(n_work, int) and not isinstance(n_work, bool) and n_work >= 0 else None
+    if n_work is not None and dropped > n_work:
+        raise corrupt(f"{dropped:,} dropped tile records, but the launch had {n_work:,} tiles")
+
+    def in_range(name: str, values: np.ndarray, hi: int | None, what: str) -> None:
+        if not len(values):
+            return
+        lo_v, hi_v = int(values.min()), int(values.max())
+        if lo_v < 0 or (hi is not None and hi_v >= hi):
+            bad = lo_v if lo_v < 0 else hi_v
+            raise corrupt(f"{name} {bad:,} in the records" + (f", {what} {hi:,}" if hi is not None else ""))
+
+    def flags(name: str, values: np.ndarray) -> np.ndarray:
+        odd = (values != 0) & (values != 1)
+        if odd.any():
+            raise corrupt(f"{int(odd.sum()):,} {name} with a valid flag other than 0 or 1")
+        return values == 1
+
+    rows = parts["tiles"]
+    tiles = rows[flags("tile records", rows[:, Tile.VALID])]
+    if n_work is not None and len(tiles) + dropped > n_work:
+        raise corrupt(f"{len(tiles) + dropped:,} tile records, but the launch had {n_work:,} tiles")
+    in_range("SM id", tiles[:, Tile.SMID], sm_count, f"the {gpu.get('name') or 'GPU'} has")
+    in_range("CTA", tiles[:, Tile.CTA], layout.n_ctas, "the launch had")
+    in_range("warp role", tiles[:, Tile.ROLE], layout.n_roles, "the layout names")
+    in_range("tile id", tiles[:, Tile.TILE], n_work, "the launch had")
+    for f in (Tile.BATCH, Tile.HEAD, Tile.BLOCK, Tile.KV_LEN, Tile.N_BLOCKS):
+        in_range(f.name.lower(), tiles[:, f], None, "")
+
+    span_rows = parts["spans"]
+    spans = span_rows[flags("role spans", span_rows[:, :, Span.VALID])]
+    in_range("span SM id", spans[:, Span.SMID], sm_count, f"the {gpu.get('name') or 'GPU'} has")
+    in_range("span tile count", spans[:, Span.N_TILES], None, "")
+    waits = parts["waits"]
+    in_range("barrier wait cycles", waits[..., Wait.CYCLES].ravel(), None, "")
+    in_range("barrier wait count", waits[..., Wait.COUNT].ravel(), None, "")
+
+    t0 = np.concatenate([tiles[:, Tile.T_START], spans[:, Span.T_START]])
+    t1 = np.concatenate([tiles[:, Tile.T_END], spans[:, Span.T_END]])
+    c0 = np.concatenate([tiles[:, Tile.C_START], spans[:, Span.C_START]])
+    c1 = np.concatenate([tiles[:, Tile.C_END], spans[:, Span.C_END]])
+    if not len(t0):
+        return
+    if (t1 < t0).any() or (c1 < c0).any():
+        n = int(((t1 < t0) | (c1 < c0)).sum())
+        raise corrupt(f"{n:,} record(s) end before they start")
+    # Python ints: the spread of random words overflows int64.
+    spread = int(t1.max()) - int(t0.min())
+    if spread > MAX_LAUNCH_NS:
+        raise corrupt(f"its %globaltimer values spread over {spread / 1e9:,.3g} s, not one launch")
+    khz = gpu.get("sm_clock_khz")
+    ns = (t1 - t0).sum(dtype=np.float64)
+    if isinstance(khz, (int, float)) and khz > 0 and ns > 0:
+        ratio = float((c1 - c0).sum(dtype=np.float64)) / ns / (khz / 1e6)
+        lo, hi = _CLOCK_RATIO_RANGE
+        if not lo <= ratio <= hi:
+            raise corrupt(f"its clock64 cycles run at {ratio:.3g}x the {khz / 1e6:.3g} GHz SM clock")
 
 
 def _role_names(ids: np.ndarray, names: Sequence[str]) -> np.ndarray:
@@ -501,12 +587,15 @@ def bundled_traces(pattern: str = f"*{SUFFIX}") -> list[Path]:
     return sorted(d.glob(pattern)) if d.is_dir() else []
 
 
-# File name endings of the bundled recordings, per side of the --clc axis.
-BUNDLED_SUFFIXES = {"off": ("_static" + SUFFIX, "_lpt" + SUFFIX), "on": ("_dynamic" + SUFFIX,)}
+# File name endings of the bundled recordings, per side of the --clc axis, and of the static
+# schedule alone (the baseline the heatmap shows beside both sides).
+BUNDLED_SUFFIXES = {"off": ("_static" + SUFFIX, "_lpt" + SUFFIX), "on": ("_dynamic" + SUFFIX,),
+                    "static": ("_static" + SUFFIX,)}
 
 
 def find_bundled(clc: str, **workload: Any) -> Path | None:
-    """The bundled recording for one side of ``--clc`` ("off" or "on"), or None.
+    """The bundled recording for one side of ``--clc`` ("off" or "on"), or of the static
+    schedule ("static"), or None.
 
     ``workload`` fields that are not None (``grid``, ``Lq``, ``max_kv``, ``sparsity``, ...) must
     match the recording's ``meta["workload"]``; among matches the first by name wins.

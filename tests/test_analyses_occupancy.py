@@ -75,7 +75,8 @@ def test_occupancy_common_time_axis(tiles):
 
 
 def test_occupancy_rows_cover_every_sm_seen():
-    tr = tracegen.hand_trace([{"cta": 0, "smid": 5, "start": 0, "end": 10}], n_sms=2)
+    # the trace is of a 6-SM GPU; the analysis is asked for fewer rows than the tiles need
+    tr = tracegen.hand_trace([{"cta": 0, "smid": 5, "start": 0, "end": 10}], n_sms=6)
     occ = occupancy_matrix(tr.tiles, 2, n_bins=2)
     assert occ.n_sms == 6 and occ.busy[5].tolist() == [1, 1]
 

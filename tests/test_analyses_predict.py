@@ -2,7 +2,6 @@
 with independently generated kernel runs."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd
@@ -80,7 +79,8 @@ def test_simulation_reproduces_a_generated_run(schedule):
     cmp = compare_prediction(pred, tr.tiles)
     assert cmp.makespan_error == pytest.approx(0.0)
     assert cmp.cta_agreement == 1.0 and cmp.n_tiles == 300
-    assert cmp.busy_corr == pytest.approx(1.0) or math.isnan(cmp.busy_corr)
+    # the CTAs' busy times differ here, so the correlation is defined and must be exact
+    assert cmp.busy_corr == pytest.approx(1.0)
 
 
 def test_predicted_tiles_feed_the_analyses():

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from jfa_prof import bench
 from jfa_prof.bench import load_results, results_document
+from jfa_prof.cli import app
 from jfa_prof.errors import BadInputError
 from jfa_prof.inputs import Workload, attention_flops, find_workload
 from jfa_prof.reference import reference_attention
@@ -152,6 +154,23 @@ def test_load_results_errors(tmp_path):
     p.write_text(json.dumps({"results": [{"workload": {}}]}))
     with pytest.raises(BadInputError, match="record 0 lacks"):
         load_results(p)
+
+
+@pytest.mark.parametrize("impls, message", [
+    ({"jfa-dynamic": None, "fa4": {"ms": 1.0}}, "implementation 'jfa-dynamic' is null"),
+    ({"jfa-dynamic": [1.0]}, "implementation 'jfa-dynamic' is list"),
+    ({"jfa-dynamic": {"ms": "fast"}}, "has ms 'fast'"),
+    ({}, "times no implementation"),
+])
+def test_a_record_with_a_bad_or_no_implementation_is_bad_input(tmp_path, impls, message):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"results": [{"workload": {"label": "hsp Lq=128"}, "flops": 1e9, "impls": impls}]}))
+    with pytest.raises(BadInputError, match=message) as info:
+        load_results(p)
+    assert "record 0 (hsp Lq=128)" in info.value.message
+    result = CliRunner().invoke(app, ["bench", "--results", str(p)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_select_workloads():

@@ -115,3 +115,33 @@ def test_other_exceptions_are_not_swallowed():
     assert result.exit_code == 1
     assert isinstance(result.exception, RuntimeError)
 
+
+
+COMMANDS = ["heatmap", "spills", "waterfall", "ncu", "timeline", "barriers", "bench", "record", "report", "doctor"]
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_points_at_nothing_a_user_lacks(name):
+    result = runner.invoke(app, [name, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "SPEC" not in result.output
+
+
+def test_each_command_summary_is_one_whole_sentence():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name in COMMANDS:
+        summary = (group.commands[name].help or "").strip().split("\n\n")[0]
+        # the listing of `jfa-prof --help` shows this paragraph, line breaks and all
+        assert "\n" not in summary and summary.endswith(".") and len(summary) <= 110, (name, summary)
+        # click's own listing (help without rich) shows it whole, not cut at 45 characters
+        assert group.commands[name].get_short_help_str(limit=45) == summary
+
+
+def test_record_without_a_gpu_does_not_suggest_an_option_it_lacks(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = runner.invoke(app, ["record", "-o", str(tmp_path / "r.jfatrace")])
+    assert result.exit_code == 3, result.output
+    assert "use --trace" not in result.stderr and "read the file" in result.stderr

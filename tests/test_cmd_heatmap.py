@@ -49,7 +49,7 @@ def test_heatmap_off_and_on_from_files(tmp_path, files, no_live):
     out = result.stdout
     assert "clc off: lpt" in out and "clc on: dynamic" in out
     assert "atomic tile counter" in out and "Hopper has no CLC" in out
-    assert "SM imbalance" in out and "clc on vs off: makespan" in out
+    assert "SM imbalance" in out and "dynamic (clc on) vs lpt (clc off): makespan" in out
     assert f"wrote {html}" in out and html.stat().st_size > 1_000_000
 
 
@@ -206,3 +206,84 @@ def test_heatmap_of_a_recorded_backward(tmp_path, no_live):
     (panel, ) = d["panels"]
     assert panel["mechanism"].startswith("persistent CTAs deal the valid (batch, kv head, KV block) tiles")
     assert panel["n_ctas"] == 132 and panel["dropped"] == 0
+
+
+@pytest.fixture(scope="module")
+def random_words(tmp_path_factory, files):
+    """A trace whose records are random words (a sound header and metadata)."""
+    tr = trace_mod.read_trace(files["lpt"])
+    bad = np.random.default_rng(1).integers(-2**62, 2**62, size=tr.buffer.size, dtype=np.int64)
+    bad[:8] = tr.buffer[:8]
+    return write_trace(tmp_path_factory.mktemp("bad") / "random.jfatrace", bad, tr.meta)
+
+
+@pytest.mark.parametrize("cmd", [["heatmap", "--trace"], ["timeline", "--trace"], ["barriers", "--trace"],
+                                 ["report", "--no-doctor", "--trace"]])
+def test_records_of_random_words_are_one_line_and_exit_2(tmp_path, no_live, random_words, cmd):
+    out = [] if cmd[0] == "barriers" else ["--out", str(tmp_path / "x.out")]
+    result = runner.invoke(app, [*cmd, str(random_words), *out])
+    assert result.exit_code == 2, result.output
+    # report logs its steps before (stderr is no terminal here); the error is one line, the last
+    lines = [ln for ln in result.stderr.strip().splitlines() if not ln.startswith("reading ")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "corrupt" in lines[0], result.output
+    assert not (tmp_path / "x.out").exists()
+
+
+def test_recordings_of_different_workloads_are_not_compared(tmp_path, files, no_live):
+    tr = trace_mod.read_trace(files["dynamic"])
+    other = write_trace(tmp_path / "other.jfatrace", tr.buffer,
+                        {**tr.meta, "workload": {**tr.meta["workload"], "label": "hsp Lq=128 max=2048 s=0.5"}})
+    result = runner.invoke(app, ["heatmap", "--trace", str(files["lpt"]), "--trace", str(other),
+                                 "--out", str(tmp_path / "h.html")])
+    assert result.exit_code == 2, result.output
+    assert "different workloads" in result.stderr and "hsp Lq=128 max=2048 s=0.5" in result.stderr
+    assert not (tmp_path / "h.html").exists()
+
+
+def test_bundled_heatmap_shows_static_lpt_and_dynamic_and_says_what_each_is(tmp_path, no_live):
+    html = tmp_path / "h.html"
+    result = runner.invoke(app, ["heatmap", "--out", str(html)])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "static: no tile scheduler, the baseline" in out and "clc off: lpt" in out and "clc on: dynamic" in out
+    # every schedule against the static baseline, then the queue against LPT, each named
+    assert "lpt (clc off) vs static: makespan +11.6%" in out
+    assert "dynamic (clc on) vs static: makespan -7.8%" in out
+    assert "dynamic (clc on) vs lpt (clc off): makespan -17.4%" in out
+    page = html.read_text()
+    assert "bundled H200 recordings, not live" in page
+    d = _json(runner.invoke(app, ["heatmap", "--out", str(html), "--json"]))
+    assert [p["clc"] for p in d["panels"]] == ["static", "off", "on"]
+    assert [p["schedule"] for p in d["panels"]] == ["static", "lpt", "dynamic"]
+    assert d["bundled"] is True and all(p["origin"] == "bundled" for p in d["panels"])
+    on_only = _json(runner.invoke(app, ["heatmap", "--clc", "on", "--out", str(html), "--json"]))
+    assert [p["clc"] for p in on_only["panels"]] == ["on"]
+
+
+def test_a_static_file_beside_an_lpt_one_is_the_baseline(tmp_path, files, no_live):
+    tr = trace_mod.read_trace(files["lpt"])
+    static = write_trace(tmp_path / "static.jfatrace", tr.buffer, {**tr.meta, "schedule": "static",
+                                                                     "schedule_mechanism": None})
+    d = _json(runner.invoke(app, ["heatmap", "--trace", str(static), "--trace", str(files["lpt"]),
+                                  "--trace", str(files["dynamic"]), "--out", str(tmp_path / "h.html"), "--json"]))
+    assert [(p["clc"], p["schedule"]) for p in d["panels"]] == [("static", "static"), ("off", "lpt"),
+                                                                 ("on", "dynamic")]
+    assert d["bundled"] is False
+
+
+def test_timeline_json_and_files_say_they_come_from_bundled_recordings(tmp_path):
+    out, html = tmp_path / "t.json", tmp_path / "g.html"
+    result = runner.invoke(app, ["timeline", "--out", str(out), "--html", str(html), "--json"])
+    d = _json(result)
+    assert d["bundled"] is True and d["origin"] == "bundled" and "not live" in d["source"]
+    assert d["json"] == str(out) and d["html"] == str(html) and d["tiles"] == 8192 and d["sms"] == 132
+    meta = json.loads(out.read_text())["metadata"]
+    assert meta["bundled"] is True and "not live" in meta["source"]
+    assert "bundled H200 recording, not live" in html.read_text()
+
+
+def test_timeline_json_from_a_file(tmp_path, files):
+    d = _json(runner.invoke(app, ["timeline", "--trace", str(files["lpt"]), "--out", str(tmp_path / "t.json"),
+                                  "--sm-range", "0:4", "--json"]))
+    assert d["bundled"] is False and d["origin"] == "file" and d["sm_range"] == [0, 4] and d["sms"] == 4
+    assert json.loads((tmp_path / "t.json").read_text())["metadata"]["bundled"] is False

@@ -161,6 +161,10 @@ def test_frontend_error_is_a_compile_error(tmp_path):
         compile_kernel(calls_kernel, sig, {"BLOCK": 256}, cache_dir=tmp_path)
     assert info.value.stage == "frontend" and info.value.exit_code == 1
     assert "calls_kernel" in str(info.value)
+    # why, and where: the load in the helper the kernel calls (Triton's own text ends in a caret)
+    assert "Unsupported ptr type" in info.value.message and "tl.load" in info.value.message, info.value.message
+    assert "of _softplus_inplace" in info.value.message
+    assert "_softplus_inplace(x_ptr, n, BLOCK)" in info.value.log  # every level of the chain is kept
 
 
 def test_ptxas_error_is_a_compile_error(tmp_path):

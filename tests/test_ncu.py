@@ -262,6 +262,21 @@ def test_corrupt_missing_and_foreign_files(tmp_path):
         analysis.read_report(truncated)
 
 
+def test_random_bytes_mid_file_are_corrupt_not_a_nameless_kernel(tmp_path):
+    import numpy as np
+
+    data = bytearray(LPT.read_bytes())
+    at = int(len(data) * 0.93)
+    data[at:at + 4096] = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    damaged = tmp_path / "damaged.ncu-rep"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(BadInputError, match="is corrupt: profiled kernel 0") as info:
+        analysis.read_report(damaged)
+    assert info.value.exit_code == 2
+    result = runner.invoke(app, ["ncu", "--report", str(damaged)])
+    assert result.exit_code == 2 and result.stderr.strip().count("\n") == 0, result.output
+
+
 def test_ncu_report_module_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "ncu_report", None)  # import now raises ImportError
     with pytest.raises(ToolMissingError, match="ncu_report") as info:

@@ -140,3 +140,9 @@ def test_comparison_table(tr):
     out = c.file.getvalue()
     assert "makespan measured" in out and "300.0 µs" in out
     assert "1,000 + 250·n_blocks ns" in out and "0.980" in out
+
+
+def test_contrast_line_names_the_schedules_it_compares(tr):
+    off = imbalance(tr.tiles, 3)
+    line = contrast_line(off, off, names=("static", "dynamic (clc on)"))
+    assert line.startswith("dynamic (clc on) vs static: makespan +0.0%")

@@ -3,6 +3,7 @@ and the page rendered by a real browser (headless Chromium; skipped where there 
 from __future__ import annotations
 
 import datetime
+import html
 import json
 import os
 import re
@@ -28,7 +29,8 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def full_report(tmp_path_factory):
     wf = write_waterfall(tmp_path_factory.mktemp("wf") / "waterfall_h200.json")
-    return gather(ncu=NCU, bench=BENCH, waterfall=wf)
+    # live=False: these tests are about the bundled recordings, which a GPU machine would not read.
+    return gather(ncu=NCU, bench=BENCH, waterfall=wf, live=False)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,10 @@ def test_tables_are_the_ones_the_commands_print(full_report, full_html):
     assert "local loads/thread" in text and "B is 4.2% faster" in text  # ncu: both reports, then B against A
     assert "no_o_store" in text and "noise" in text  # the waterfall table
     assert "fwd TFLOPS" in text and "fa4" in text  # the bench summary
-    assert "compile-only" in text or "live" in text  # doctor's verdict
+    from jfa_prof.render import doctor
+
+    verdict = doctor.to_dict(full_report.environment)["verdict"]
+    assert verdict["summary"] and html.escape(verdict["summary"]) in text  # doctor's verdict
 
 
 def test_a_bench_file_with_time_splits_adds_what_limits_each_point():
@@ -149,13 +154,24 @@ def test_spills_section_compiles_the_named_variants():
 
 # ---- the command -----------------------------------------------------------------------------
 
-def test_report_command_without_arguments_uses_the_bundled_recordings(tmp_path):
+def test_report_command_without_arguments_uses_the_bundled_recordings(tmp_path, monkeypatch):
+    monkeypatch.setattr("jfa_prof.report.can_record_live", lambda: False)
     out = tmp_path / "report.html"
     result = runner.invoke(app, ["report", "-o", str(out), "--no-doctor"])
     assert result.exit_code == 0, result.output
     assert "bundled H200 recordings (not live" in result.stdout
     assert f"wrote {out}" in result.stdout
     assert out.read_text().count("Plotly.newPlot(") == 2
+
+
+def test_report_command_logs_its_steps_when_stderr_is_no_terminal(tmp_path, monkeypatch):
+    monkeypatch.setattr("jfa_prof.report.can_record_live", lambda: False)
+    result = runner.invoke(app, ["report", "-o", str(tmp_path / "r.html"), "--no-doctor", "--no-predict",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    steps = result.stderr.splitlines()
+    assert steps[0] == "reading the bundled recordings" and steps[-1] == "writing the page"
+    json.loads(result.stdout)
 
 
 def test_report_command_json(tmp_path):

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from io import StringIO
 from types import SimpleNamespace
@@ -267,6 +268,8 @@ def test_cli_compare(cli_variants):
     (["--variant", "nothing/*"], "no kernel variant matches"),
     (["--compare", "test/*", "test/hog/maxnreg64"], "must match exactly one variant, matched 2"),
     (["--target", "sm_90"], "use sm_90a"),
+    (["--target", "sm_100a"], "lacks, so no variant can build for it"),
+    (["--target", "sm_120a"], "use sm_90a"),
 ])
 def test_cli_bad_input(cli_variants, args, message):
     result = _invoke(*args)
@@ -280,6 +283,8 @@ def test_cli_reports_a_variant_that_fails(cli_variants, monkeypatch):
     assert result.exit_code == 1
     (row,) = json.loads(result.stdout)["variants"]
     assert row["variant"] == "test/broken" and "register_hog_kernel failed to compile" in row["error"]
+    # the reason, not the caret that ends the source excerpt of Triton's message
+    assert "Unsupported ptr type" in row["error"] and "tl.load" in row["error"], row["error"]
     assert "1 of 1 variants failed to compile" in result.output
 
 
@@ -290,3 +295,38 @@ def test_cli_compare_takes_a_full_name_over_longer_names_it_starts(cli_variants)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["b"] == "test/hog/maxnreg64"
     assert "matched 2" in _invoke("--compare", "test/ws_gemm/bf16", "test/hog").output
+
+
+def test_cli_says_up_front_what_it_compiles_and_logs_a_line_per_variant(cli_variants):
+    result = _invoke("--json")
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)  # stdout stays the JSON document
+    lines = result.stderr.strip().splitlines()
+    assert re.fullmatch(r"2 variant\(s\) for sm_90a: \d cached, \d to compile.*", lines[0]), lines
+    # output is no terminal here: one line per variant, as a log would show it
+    names = sorted(v.name for v in cli_variants)
+    logged = sorted(re.fullmatch(r"\[[12]/2\] (\S+): (cached|compiled in \d+ s)", ln).group(1) for ln in lines[1:])
+    assert logged == names
+
+
+def test_cli_warns_when_every_variant_is_selected_cold(cli_variants, monkeypatch):
+    from jfa_prof import compile as compile_mod
+
+    monkeypatch.setattr(compile_mod, "cache_misses", lambda variants, target, **k: [True] * len(variants))
+    result = _invoke("--json")
+    assert result.exit_code == 0, result.output
+    first, second = result.stderr.splitlines()[:2]
+    assert first == "2 variant(s) for sm_90a: 0 cached, 2 to compile, roughly 52 s with 1 process(es)"
+    assert second.startswith("no --kernel or --variant: every one of the 2 variants is selected")
+    # a filter is a choice: no warning
+    result = _invoke("--variant", "test/*", "--json")
+    assert "every one of" not in result.stderr
+
+
+def test_cache_misses_follow_the_cache(tmp_path):
+    from jfa_prof.compile import cache_misses, compile_many
+
+    variants = [ws_gemm_variant()]
+    assert cache_misses(variants, cache_dir=tmp_path) == [True]
+    compile_many(variants, cache_dir=tmp_path)
+    assert cache_misses(variants, cache_dir=tmp_path) == [False]

@@ -304,3 +304,90 @@ def test_recorded_warp_specialized_backward_has_both_roles():
     assert set(tr.tiles["role_name"]) == {"compute"}
     waits = tr.waits.groupby("role")["count"].sum()
     assert waits["producer"] == 0 and waits["compute"] == tr.tiles["n_blocks"].sum()
+
+
+# ---------------------------------------------------------------------------------------------
+# records checked against their own metadata
+# ---------------------------------------------------------------------------------------------
+
+def _corrupted(run, edit):
+    buf, meta, _ = run
+    bad = buf.copy()
+    layout = trace_mod.layout_from_meta(meta)
+    edit(layout.split(bad), meta)
+    return bad, {**meta, "n_work": 50}
+
+
+def _refused(run, edit, *words):
+    bad, meta = _corrupted(run, edit)
+    with pytest.raises(BadInputError) as info:
+        trace_from_buffer(bad, meta)
+    assert info.value.exit_code == 2 and "corrupt" in info.value.message
+    for w in words:
+        assert w in info.value.message, info.value.message
+
+
+def test_the_generated_run_passes_the_checks(run):
+    buf, meta, _ = run
+    assert len(trace_from_buffer(buf, {**meta, "n_work": 50}).tiles) == 50
+
+
+def test_an_sm_id_past_the_gpus_sms_is_refused(run):
+    def edit(parts, meta):
+        parts["tiles"][3, trace_mod.Tile.SMID] = 444
+    _refused(run, edit, "SM id 444", "has 8")
+
+
+def test_a_cta_role_or_tile_outside_the_launch_is_refused(run):
+    T = trace_mod.Tile
+    _refused(run, lambda p, m: p["tiles"][0].__setitem__(T.CTA, 6), "CTA 6", "launch had 6")
+    _refused(run, lambda p, m: p["tiles"][0].__setitem__(T.ROLE, 3), "warp role 3")
+    _refused(run, lambda p, m: p["tiles"][0].__setitem__(T.TILE, 50), "tile id 50", "launch had 50")
+    _refused(run, lambda p, m: p["tiles"][0].__setitem__(T.KV_LEN, -1), "kv_len -1")
+
+
+def test_more_records_than_the_launch_had_tiles_is_refused(run):
+    _refused(run, lambda p, m: p["header"].__setitem__(Header.DROPPED, 1), "51 tile records", "50 tiles")
+
+
+def test_times_that_run_backwards_or_span_more_than_a_launch_are_refused(run):
+    T = trace_mod.Tile
+    _refused(run, lambda p, m: p["tiles"][2].__setitem__(T.T_END, p["tiles"][2, T.T_START] - 1), "end before")
+    _refused(run, lambda p, m: p["tiles"][2].__setitem__(T.T_END, p["tiles"][2, T.T_START] + 10**12),
+             "spread over")
+    _refused(run, lambda p, m: p["tiles"][2].__setitem__(T.C_END, p["tiles"][2, T.C_START] + 10**12),
+             "SM clock")
+
+
+def test_a_record_of_random_words_is_refused(tmp_path, run):
+    buf, meta, _ = run
+    layout = trace_mod.layout_from_meta(meta)
+    rng = np.random.default_rng(0)
+    bad = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=buf.size, dtype=np.int64)
+    bad[:8] = buf[:8]  # a sound header: the damage is in the records
+    path = write_trace(tmp_path / "random.jfatrace", bad, meta)
+    _expect(path, "corrupt")
+    # random words that are all valid-looking flags still name an SM the GPU lacks
+    parts = layout.split(bad)
+    parts["tiles"][:, trace_mod.Tile.VALID] = 1
+    parts["spans"][:, :, trace_mod.Span.VALID] = 0
+    _expect(write_trace(tmp_path / "random2.jfatrace", bad, meta), "corrupt")
+
+
+def test_a_file_of_all_zero_records_is_refused(tmp_path, run):
+    buf, meta, _ = run
+    path = write_trace(tmp_path / "zeros.jfatrace", np.zeros_like(buf), meta)
+    _expect(path, "holds no records", "all zeros")
+
+
+@pytest.mark.parametrize("offset", [3, 24, 27, 30])
+def test_damaged_zip_headers_are_one_short_line(tmp_path, run, offset):
+    buf, meta, _ = run
+    data = bytearray(write_trace(tmp_path / "good.jfatrace", buf, meta).read_bytes())
+    data[offset:offset + 4] = b"\xff\xff\xff\xff"
+    p = tmp_path / "bad.jfatrace"
+    p.write_bytes(bytes(data))
+    with pytest.raises(BadInputError) as info:
+        read_trace(p)
+    assert len(str(info.value)) < 300 and "\n" not in str(info.value), str(info.value)[:400]
+    assert "allow_pickle" not in str(info.value)

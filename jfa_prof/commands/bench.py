@@ -1,5 +1,6 @@
 """``jfa-prof bench``: the kernel against FlashAttention-4 and PyTorch's attention, on the
-SPEC §6 grids, in TFLOPS by the SPEC §2 FLOP convention.
+benchmark grids of ``jfa_prof.inputs``, in TFLOPS by FlashAttention-4's FLOP convention
+(4·H·D·Σ Lq·Lk, ×2.5 for the backward).
 
 Live on a GPU, or, with ``--results FILE``, from a result file recorded elsewhere (then every
 table and chart says where and when it was recorded).
@@ -20,7 +21,7 @@ DEFAULT_PEERS = "fa4,varlen,sdpa,flex"
 def bench(
     pass_: str = typer.Option("fwd", "--pass", help="fwd, or bwd: the backward of each (gradient of a fixed "
                                                     "upstream gradient; peers on repeated Q, autograd summing dQ)."),
-    grid: Optional[str] = typer.Option(None, "--grid", help="SPEC §6 grid: hsp, jagged, dense. Live default: hsp; "
+    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid: hsp, jagged, dense. Live default: hsp; "
                                                             "with --results: every grid in the file."),
     label: Optional[list[str]] = typer.Option(None, "--label", help="Only this workload, e.g. 'hsp Lq=256 max=2048 "
                                                                     "s=0.5'; repeat for more."),
@@ -28,7 +29,8 @@ def bench(
                                                              "fa4, varlen, sdpa, flex; '' for none."),
     schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="Schedules of this kernel to time, comma-separated."),
     rep_ms: int = typer.Option(100, "--rep-ms", min=1, help="Milliseconds of repeats per timing (median taken)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the results (JSON, SPEC §6 records) here."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the results (JSON: one record per point, "
+                                                                   "readable with --results) here."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write TFLOPS-vs-sparsity charts (HTML) here; with time "
                                                              "splits, what limits each point beside it (NAME-limits.html)."),
     json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a table."),
@@ -50,9 +52,18 @@ def bench(
 
     from jfa_prof.bench import TARGETS, load_results
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import check_writable
     from jfa_prof.render import bench as render
 
+    # Before any timing: a run of many minutes must not end on a path it cannot write.
+    for path in (out if results is None else None, html, html and html.with_name(f"{html.stem}-limits{html.suffix}")):
+        if path:
+            check_writable(path)
     if results is not None:
+        if out is not None or limits:
+            flag = "--out" if out is not None else "--limits"
+            raise BadInputError(f"{flag} applies to a live run; with --results nothing is measured",
+                                hint=f"drop {flag} (--html and --json render the file)")
         res = load_results(results).filter(grid=grid, labels=label, pass_=pass_)
         if not res.records:
             raise BadInputError(f"{results} holds no {pass_} results"
@@ -122,6 +133,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
     from jfa_prof import bench as lib
     from jfa_prof import timing
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import write_atomic
     from jfa_prof.schedule import SCHEDULES
 
     lib.check_pass(pass_)
@@ -161,10 +173,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
             doc = lib.results_document(records, meta, status)
             if out is not None:
                 # Written aside and moved in whole: an interrupted write leaves the last good file.
-                out.parent.mkdir(parents=True, exist_ok=True)
-                part = out.with_name(out.name + ".partial")
-                part.write_text(_json.dumps(doc, indent=1))
-                part.replace(out)
+                write_atomic(out, _json.dumps(doc, indent=1))
             return doc
 
         def on_point(record: dict) -> None:

@@ -1,8 +1,10 @@
 """``jfa-prof heatmap``: which SMs worked when, with the tile scheduler off or on.
 
-``--clc off`` is the static LPT schedule (longest tiles first, dealt zigzag to persistent
-CTAs); ``--clc on`` is the dynamic one, where CTAs take the next tile from a queue: Cluster
-Launch Control on Blackwell, a global atomic counter on Hopper, which has no CLC.
+``--clc off`` is the LPT schedule (longest tiles first, dealt zigzag to persistent CTAs once,
+no queue); ``--clc on`` is the dynamic one, where CTAs take the next tile from a queue: Cluster
+Launch Control on Blackwell, a global atomic counter on Hopper, which has no CLC. Where a
+recording of the static schedule (grid order) of the same workload is at hand, it is shown too,
+as the baseline both are compared with: LPT alone can be slower than static.
 
 Where the tiles come from, first match wins: ``--trace`` files; a live recording when a GPU
 and the recording module are there; the H200 recordings bundled with the package, announced
@@ -26,17 +28,28 @@ class Clc(str, Enum):
     both = "both"
 
 
-_SCHEDULE_OF = {"off": "lpt", "on": "dynamic"}
+_SCHEDULE_OF = {"static": "static", "off": "lpt", "on": "dynamic"}
+
+
+def _side_label(side: str, tr) -> str:
+    """What a side is, in the words every table, line and panel uses."""
+    return "static" if side == "static" else f"clc {side} · {tr.schedule}"
+
+
+def _side_name(side: str, tr) -> str:
+    return "static" if side == "static" else f"{tr.schedule} (clc {side})"
 
 
 def heatmap(
     clc: Optional[Clc] = typer.Option(
         None, "--clc", case_sensitive=False,
-        help="off: static LPT schedule; on: dynamic tile queue (atomic counter on Hopper); "
-             "both: side by side. Default: both, or whatever the --trace files hold."),
+        help="off: LPT (cost-sorted, dealt once, no queue); on: dynamic tile queue (atomic counter on "
+             "Hopper); both: side by side. The static schedule (grid order) is shown beside them where it "
+             "is recorded. Default: both, or whatever the --trace files hold."),
     trace: Optional[list[Path]] = typer.Option(
-        None, "--trace", help="Recorded .jfatrace file; repeat for a second one. Its schedule "
-                              "(from its metadata) decides whether it is the off or the on side."),
+        None, "--trace", help="Recorded .jfatrace file; repeat for more, all of one workload. Its schedule "
+                              "(from its metadata) decides its side: dynamic on, lpt off, static off (or "
+                              "the baseline beside an lpt one)."),
     trace_on: Optional[Path] = typer.Option(
         None, "--trace-on", help="Recorded .jfatrace file to show as the dynamic (--clc on) side."),
     predict: bool = typer.Option(
@@ -62,29 +75,32 @@ def heatmap(
     from jfa_prof.analyses.imbalance import imbalance
     from jfa_prof.analyses.occupancy import occupancy_matrix
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import check_writable
     from jfa_prof.render import heatmap as render
 
+    check_writable(out)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     sides = _collect(clc, trace, trace_on, err, grid=grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
 
     panels: list[dict[str, Any]] = []
     for side, tr in sides.items():
         panels.append({"side": side, "kind": "measured", "trace": tr, "tiles": tr.tiles,
-                       "label": f"clc {side} · {tr.schedule}"})
+                       "label": _side_label(side, tr)})
     if predict:
         from jfa_prof.analyses.predict import SCHEDULES, predict_trace
 
         for p in list(panels):
             tr = p["trace"]
             if not len(tr.tiles):
-                raise BadInputError(f"clc {p['side']}: the recording holds no tiles to fit a cost model to")
+                raise BadInputError(f"{p['label']}: the recording holds no tiles to fit a cost model to")
             sched = tr.schedule if tr.schedule in SCHEDULES else _SCHEDULE_OF[p["side"]]
             pred = predict_trace(tr.tiles, tr.n_ctas, sched, clock_khz=tr.clock_khz)
             p["prediction"] = pred
             # A simulated CTA has no SM placement: its rows are CTAs, one per persistent program.
             panels.insert(panels.index(p) + 1, {"side": p["side"], "kind": "predicted", "trace": tr,
                                                 "tiles": pred.tiles, "n_rows": tr.n_ctas,
-                                                "label": f"clc {p['side']} · {sched} · predicted"})
+                                                "label": ("static" if p["side"] == "static" else
+                                                          f"clc {p['side']} · {sched}") + " · predicted"})
 
     t_end = max(float(p["tiles"]["end_ns"].max()) if len(p["tiles"]) else 0.0 for p in panels)
     for p in panels:
@@ -95,6 +111,10 @@ def heatmap(
 
     first = next(iter(sides.values()))
     title = f"SM occupancy · {first.workload_label} · {first.gpu_name}"
+    bundled = [tr for tr in sides.values() if tr.origin == "bundled"]
+    if bundled:
+        # The page travels without the terminal output that says so.
+        title += f" · bundled {first.gpu_name.removeprefix('NVIDIA ')} recordings, not live"
     fig = render.heatmap_panels([(p["label"], p["occ"]) for p in panels], title=title,
                                 cols=2 if predict else None)
     render.write_html(fig, out)
@@ -103,19 +123,24 @@ def heatmap(
     for w in warnings:
         err.print(f"[bold red]warning:[/] {w}")
     if json:
-        typer.echo(_json.dumps(_to_json(panels, out, warnings), indent=2))
+        typer.echo(_json.dumps({**_to_json(panels, out, warnings), "bundled": bool(bundled)}, indent=2))
         return
 
     console = Console(highlight=False, soft_wrap=True)
     for side, tr in sides.items():
-        console.print(f"[bold]clc {side}[/]: {tr.schedule} — {tr.schedule_mechanism}")
+        what = "no tile scheduler, the baseline" if side == "static" else tr.schedule
+        console.print(f"[bold]{'static' if side == 'static' else 'clc ' + side}[/]: {what} — {tr.schedule_mechanism}")
         console.print(f"  source: {tr.describe_origin()}")
         if tr.kernel_ms is not None:
             console.print(f"  kernel time: {tr.kernel_ms:.3f} ms ({tr.meta.get('kernel_ms_source') or 'CUDA events'})")
     render.summary_table([(p["label"], p["imbalance"]) for p in panels], console)
     measured = {p["side"]: p["imbalance"] for p in panels if p["kind"] == "measured"}
-    if len(measured) == 2:
-        console.print(render.contrast_line(measured["off"], measured["on"]))
+    # Each against the schedules before it: the static baseline first, so that what the queue
+    # gains is not read off a comparison with LPT, which can be the slower of the two.
+    for a, b in (("static", "off"), ("static", "on"), ("off", "on")):
+        if a in measured and b in measured:
+            console.print(render.contrast_line(measured[a], measured[b],
+                                               names=(_side_name(a, sides[a]), _side_name(b, sides[b]))))
     render.tail_details([(p["label"], p["imbalance"]) for p in panels if p["kind"] == "measured"], console)
     if predict:
         render.comparison_table([(p["label"], p["prediction"].comparison, p["prediction"].cost_model)
@@ -132,10 +157,20 @@ def _collect(clc: Optional[Clc], files: Optional[list[Path]], file_on: Optional[
 
     want = {"off", "on"} if clc in (None, Clc.both) else {clc.value}
     if files or file_on:
+        opt.refuse_with_files("--trace", **workload)
         found: dict[str, Any] = {}
-        for path, forced in [(p, False) for p in files or []] + ([(file_on, True)] if file_on else []):
-            tr = read_trace(path)
-            side = "on" if forced or tr.schedule == "dynamic" else "off"
+        given = [(read_trace(p), False) for p in files or []] + ([(read_trace(file_on), True)] if file_on else [])
+        labels = list(dict.fromkeys(tr.workload_label for tr, _ in given))
+        if len(labels) > 1:
+            # Makespans of different workloads differ for reasons no schedule has a part in.
+            raise BadInputError("the traces are of different workloads (" + "; ".join(labels) + "): "
+                                "their schedules cannot be compared",
+                                hint="pass recordings of one workload, or run heatmap once per trace")
+        has_lpt = any(tr.schedule == "lpt" and not forced for tr, forced in given)
+        for tr, forced in given:
+            path = tr.path
+            side = ("on" if forced or tr.schedule == "dynamic" else
+                    "static" if tr.schedule == "static" and has_lpt else "off")
             if side in found:
                 raise BadInputError(f"two --clc {side} traces: {found[side].path} and {path}",
                                     hint="pass one static/LPT and one dynamic recording, or use --trace-on")
@@ -146,24 +181,30 @@ def _collect(clc: Optional[Clc], files: Optional[list[Path]], file_on: Optional[
                 side = missing.pop()
                 raise BadInputError(f"--clc {clc.value} needs a clc {side} ({_SCHEDULE_OF[side]}) trace, "
                                     f"none of the given files is one")
-            found = {s: t for s, t in found.items() if s in want}
-        return {s: found[s] for s in ("off", "on") if s in found}
+            found = {s: t for s, t in found.items() if s in want or (s == "static" and "off" in want)}
+        return {s: found[s] for s in ("static", "off", "on") if s in found}
 
     live = _record_live(want, err, **workload)
     if live is not None:
         return live
-    return _bundled(want, **{k: v for k, v in workload.items() if k != "seed"})
+    return _bundled(want, **workload)
 
 
 def _bundled(want: set[str], **workload) -> dict[str, Any]:
     from jfa_prof.errors import BadInputError
-    from jfa_prof.trace import bundled_dir, find_bundled, read_trace
+    from jfa_prof.trace import bundled_dir, find_bundled, read_meta, read_trace
 
     out = {}
     for side in ("off", "on"):
         if side not in want:
             continue
         path = find_bundled(side, **workload)
+        if side == "off" and path is not None:
+            # The static schedule of the same workload, where one is bundled: the baseline both
+            # tile schedulers are measured against.
+            static = find_bundled("static", **(read_meta(path).get("workload") or {}))
+            if static is not None and static != path:
+                out["static"] = read_trace(static, origin="bundled")
         if path is None:
             asked = ", ".join(f"{k}={v}" for k, v in workload.items() if v is not None)
             raise BadInputError(

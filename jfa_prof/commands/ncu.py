@@ -46,8 +46,10 @@ def ncu(
     top: int = typer.Option(8, "--top", min=1, help="Stall reasons to show."),
     json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
 ) -> None:
-    """Tensor-pipe use, SM and DRAM throughput, local-memory (spill) traffic, registers, SM
-    imbalance and warp stall reasons of the forward (or backward) kernel, from Nsight Compute.
+    """Nsight Compute counters of the forward or backward kernel: tensor pipe, throughput, spills, stalls.
+
+    Tensor-pipe use, SM and DRAM throughput, local-memory (spill) traffic, registers, SM
+    imbalance and warp stall reasons.
 
     [bold]--report FILE[/] reads a report made anywhere, no GPU needed; [bold]--compare FILE_B[/] adds deltas.
 

@@ -27,17 +27,22 @@ def record(
                               help="1: tile records and warp-role spans; 2: also barrier waits (costs more)."),
     json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
 ) -> None:
-    """Run the forward (or backward) kernel with PROFILE on the GPU and write its tile records,
-    warp-role spans and barrier waits, with the machine, versions and workload, to one trace file."""
+    """One instrumented launch on the GPU, written as a self-describing trace file.
+
+    Runs the forward (or backward) kernel with PROFILE on and writes its tile records, warp-role
+    spans and barrier waits, with the machine, versions and workload. heatmap, timeline, barriers
+    and report read the file with --trace, on any machine."""
     import json as _json
 
     from rich.console import Console
 
     from jfa_prof import ablations
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import check_writable
     from jfa_prof.recording import record_bwd_workload, record_workload
     from jfa_prof.trace import write_trace
 
+    check_writable(out, "trace")
     schedule = ablations.pass_options(pass_, schedule, dq)
     if pass_ == "bwd" and no_peel:
         raise BadInputError("--no-peel applies to the forward only: the backward masks every block")

@@ -12,6 +12,8 @@ from typing import Optional
 
 import typer
 
+from jfa_prof.commands import options as opt
+
 
 def report(
     out: Path = typer.Option(Path("report.html"), "-o", "--out", help="Where to write the page."),
@@ -35,12 +37,11 @@ def report(
     doctor: bool = typer.Option(True, "--doctor/--no-doctor", help="Include the environment checks."),
     bins: int = typer.Option(200, "--bins", min=10, max=20000, help="Time columns of the heatmap (the page "
                                                                    "grows with them)."),
-    grid: Optional[str] = typer.Option(None, "--grid", help="Workload to record live or pick among the bundled "
-                                                           "recordings: hsp, jagged, dense."),
-    lq: Optional[int] = typer.Option(None, "--lq", help="Queries per sequence (hsp grid)."),
-    max_kv: Optional[int] = typer.Option(None, "--max-kv", help="Longest KV sequence."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", help="Mean length / max (SPEC §6 density)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sequence lengths (live runs)."),
+    grid: opt.Grid = None,
+    lq: opt.Lq = None,
+    max_kv: opt.MaxKv = None,
+    sparsity: opt.Sparsity = None,
+    seed: opt.Seed = None,
     json: bool = typer.Option(False, "--json", help="Print what the page holds as JSON."),
 ) -> None:
     """One self-contained HTML page for a workload: the figures and tables of the other commands.
@@ -54,6 +55,7 @@ def report(
     from rich.console import Console
 
     from jfa_prof.errors import BadInputError
+    from jfa_prof.files import check_writable
     from jfa_prof.render import report as render
     from jfa_prof.report import gather
 
@@ -66,10 +68,22 @@ def report(
         for p in paths:
             if not p.is_file():
                 raise BadInputError(f"{flag} {p}: no such file")
+    if trace:
+        opt.refuse_with_files("--trace", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+    check_writable(out)
+
+    import contextlib
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    class _Lines:
+        """A log gets a line per step: a spinner shows nothing there, and --spills can take minutes."""
+
+        def update(self, text: str) -> None:
+            err.print(text.removesuffix("…"), markup=False)
+
     # Progress on stderr, so --json output stays parseable; gone once done.
-    with err.status("gathering…") as status:
+    with err.status("gathering…") if err.is_terminal else contextlib.nullcontext(_Lines()) as status:
         compiled: list[str] = []
 
         def on_compiled(v, outcome) -> None:

@@ -31,40 +31,70 @@ def timeline(
     out: Path = typer.Option(Path("trace.json"), "--out", help="Trace-event JSON for ui.perfetto.dev or chrome://tracing."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a plotly Gantt of the SM range here."),
     max_bars: int = typer.Option(4000, "--max-bars", min=100, help="Gantt bars before neighbouring tiles are merged."),
+    json: bool = typer.Option(False, "--json", help="Print what was written (files, tiles, SMs, source) as JSON "
+                                                    "on stdout instead of text."),
 ) -> None:
     """Per-SM, per-warp-role timeline of a recording for Perfetto, and optionally a Gantt page.
 
     Tiles are events with their batch, head, block and KV length; the producer's span and the
     barrier waits ride along. The Gantt page adds each role's utilization over the whole GPU.
     """
+    import json as _json
+
     from rich.console import Console
 
+    from jfa_prof.files import check_writable
     from jfa_prof.render import timeline as render
     from jfa_prof.trace import open_trace
 
-    console = Console(highlight=False, soft_wrap=True)
-    tr = open_trace(trace)
+    for path in (out, html):
+        if path is not None:
+            check_writable(path)
+    # With --json, stdout carries only the JSON document.
+    console = Console(highlight=False, soft_wrap=True, stderr=json)
     rng = parse_sm_range(sm_range) if sm_range else None
+    tr = open_trace(trace)
+    if rng is not None and rng[0] >= tr.n_sms:
+        from jfa_prof.errors import BadInputError
+
+        raise BadInputError(f"--sm-range {sm_range}: the recording's {tr.gpu_name} has SMs 0 to {tr.n_sms - 1}",
+                            hint=f"e.g. --sm-range 0:{min(16, tr.n_sms)}")
     for w in tr.warnings:
         Console(stderr=True, soft_wrap=True).print(f"[bold red]warning:[/] {w}")
-    console.print(f"source: {tr.describe_origin()}")
+    if not json:
+        console.print(f"source: {tr.describe_origin()}")
+    bundled = tr.origin == "bundled"
 
     doc = render.chrome_trace(tr.tiles, tr.spans, tr.waits, roles=tr.roles, meta=tr.meta, sm_range=rng)
+    # The file travels without the terminal line that says where its data came from.
+    doc.setdefault("metadata", {}).update({"origin": tr.origin, "source": tr.describe_origin(), "bundled": bundled})
     render.write_chrome_trace(doc, out)
     n_tiles = sum(1 for e in doc["traceEvents"] if e.get("cat") == "tile")
     n_sms = sum(1 for e in doc["traceEvents"] if e.get("name") == "process_name")
-    console.print(f"wrote {out}: {n_tiles:,} tiles on {n_sms} SMs (open in https://ui.perfetto.dev or chrome://tracing)")
+    summary = {"json": str(out), "tiles": n_tiles, "sms": n_sms, "sm_range": list(rng) if rng else None,
+               "origin": tr.origin, "source": tr.describe_origin(), "bundled": bundled,
+               "trace": str(tr.path) if tr.path else None, "schedule": tr.schedule, "dropped": tr.dropped,
+               "warnings": tr.warnings, "html": None}
+    if not json:
+        console.print(f"wrote {out}: {n_tiles:,} tiles on {n_sms} SMs (open in https://ui.perfetto.dev or "
+                      "chrome://tracing)")
     if html is not None:
         from jfa_prof.analyses.occupancy import role_utilization
 
         bars = render.gantt_bars(tr.tiles, sm_range=rng or (0, 16), max_bars=max_bars)
         util = role_utilization(tr.tiles, tr.spans, tr.roles, n_ctas=tr.n_ctas, n_bins=200)
         lo, hi = rng or (0, 16)
-        fig = render.gantt_figure(bars, util=util, title=f"tiles on SMs {lo}–{min(hi, tr.n_sms) - 1} · "
-                                                         f"{tr.workload_label} · {tr.schedule}")
+        title = f"tiles on SMs {lo}–{min(hi, tr.n_sms) - 1} · {tr.workload_label} · {tr.schedule}"
+        if bundled:
+            title += f" · bundled {tr.gpu_name.removeprefix('NVIDIA ')} recording, not live"
+        fig = render.gantt_figure(bars, util=util, title=title)
         from jfa_prof.render.heatmap import write_html
 
         write_html(fig, html)
         merged = int((bars["n_merged"] > 1).sum())
+        summary.update({"html": str(html), "bars": len(bars), "merged_bars": merged})
         note = f" ({merged:,} bars merge neighbouring tiles)" if merged else ""
-        console.print(f"wrote {html}: {len(bars):,} bars{note}")
+        if not json:
+            console.print(f"wrote {html}: {len(bars):,} bars{note}")
+    if json:
+        typer.echo(_json.dumps(summary, indent=2))

@@ -19,7 +19,8 @@ from jfa_prof.commands import options as opt
 
 
 def waterfall(
-    pass_: str = typer.Option("fwd", "--pass", help="Which kernel: fwd or bwd."),
+    pass_: Optional[str] = typer.Option(None, "--pass", help="Which kernel: fwd (default) or bwd. With "
+                                                             "--results, checked against the file's."),
     grid: opt.Grid = None,
     lq: opt.Lq = None,
     max_kv: opt.MaxKv = None,
@@ -55,20 +56,38 @@ def waterfall(
     from jfa_prof.ablations import load_waterfall
     from jfa_prof.analyses.waterfall import waterfall as decompose
     from jfa_prof.render import waterfall as render
+    from jfa_prof.files import check_writable, write_atomic
     from jfa_prof.render.heatmap import write_html
 
+    # Before the minutes of timing, so an impossible path fails at once.
+    for path in (out, save):
+        if path is not None:
+            check_writable(path)
     if results is not None:
+        opt.refuse_with_files("--results", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+        live_only = {"--save": save, "--schedule": schedule, "--dq": dq, "--ablate": ablate,
+                     "--cumulative": cumulative or None}
+        given = [flag for flag, v in live_only.items() if v is not None]
+        if given:
+            from jfa_prof.errors import BadInputError
+
+            raise BadInputError(f"{', '.join(given)} applies to a live run; with --results nothing is measured",
+                                hint=f"drop {' '.join(given)}")
         rec = load_waterfall(results)
+        if pass_ is not None and pass_ != rec.timings.pass_:
+            from jfa_prof.errors import BadInputError
+
+            raise BadInputError(f"--pass {pass_}, but {results} holds a waterfall of the {rec.timings.pass_} pass",
+                                hint=f"drop --pass, or give a {pass_} waterfall")
         origin = "recorded"
         provenance = f"recorded on {rec.meta.get('gpu', 'an unknown GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
     else:
-        rec = _measure(pass_, grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed, schedule=schedule,
+        rec = _measure(pass_ or "fwd", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed, schedule=schedule,
                        dq=dq, ablate=ablate, cumulative=cumulative, rep_ms=rep_ms)
         origin = "live"
         provenance = f"measured on {rec.meta.get('gpu', 'this GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
         if save is not None:
-            save.parent.mkdir(parents=True, exist_ok=True)
-            save.write_text(_json.dumps(rec.to_dict(), indent=1))
+            write_atomic(save, _json.dumps(rec.to_dict(), indent=1))
 
     wf = decompose(rec.timings)
     label = rec.label or "?"

@@ -21,6 +21,7 @@ from rich.table import Table
 from jfa_prof.analyses.imbalance import Imbalance
 from jfa_prof.analyses.occupancy import Occupancy
 from jfa_prof.analyses.predict import CostModel, PredictionComparison
+from jfa_prof.files import write_atomic
 
 __all__ = ["comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text", "summary_table",
            "tail_details", "write_html"]
@@ -82,10 +83,7 @@ def heatmap_figure(occ: Occupancy, *, label: str = "", title: str | None = None)
 
 def write_html(fig: go.Figure, path: str | os.PathLike) -> Path:
     """A self-contained page (plotly.js inlined), so it opens offline and can be attached anywhere."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(path, include_plotlyjs=True, full_html=True)
-    return path
+    return write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,10 +129,12 @@ def summary_table(results: Sequence[tuple[str, Imbalance]], console: Console, *,
     console.print(table)
 
 
-def contrast_line(off: Imbalance, on: Imbalance) -> str:
-    """One sentence on what the dynamic schedule changed."""
+def contrast_line(off: Imbalance, on: Imbalance, *, names: tuple[str, str] = ("off", "on")) -> str:
+    """One sentence on what the second schedule changed against the first (``names``: what
+    each is, e.g. ``("static", "dynamic (clc on)")``)."""
     change = (on.makespan_ns - off.makespan_ns) / off.makespan_ns if off.makespan_ns else math.nan
-    return (f"clc on vs off: makespan {'–' if math.isnan(change) else f'{100 * change:+.1f}%'}, "
+    lead = "clc on vs off" if names == ("off", "on") else f"{names[1]} vs {names[0]}"
+    return (f"{lead}: makespan {'–' if math.isnan(change) else f'{100 * change:+.1f}%'}, "
             f"tail {_us(off.tail_ns)} → {_us(on.tail_ns)}, "
             f"idle {_pct(off.idle_fraction)} → {_pct(on.idle_fraction)}")
 

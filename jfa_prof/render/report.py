@@ -18,6 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 from rich.console import Console
 
+from jfa_prof.files import write_atomic
 from jfa_prof.report import Report, TraceResult
 
 __all__ = ["FIGURE_CLASS", "finish_figure", "figures", "report_html", "rich_html", "write_report"]
@@ -159,8 +160,8 @@ def _heatmap_tables(report: Report) -> str:
         ons = [r for r in report.traces if r.trace.schedule == "dynamic"]
         if ons:
             for off in (r for r in report.traces if r.trace.schedule != "dynamic"):
-                console.print(f"{off.trace.schedule} → {ons[0].trace.schedule}: "
-                              + heatmap.contrast_line(off.imbalance, ons[0].imbalance))
+                console.print(heatmap.contrast_line(off.imbalance, ons[0].imbalance,
+                                                    names=(off.trace.schedule, ons[0].trace.schedule)))
         heatmap.tail_details([(r.label, r.imbalance) for r in report.traces], console)
         predicted = [(r.label, r.prediction.comparison, r.prediction.cost_model)
                      for r in report.traces if r.prediction is not None]
@@ -284,7 +285,4 @@ def report_html(report: Report) -> str:
 
 
 def write_report(report: Report, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report_html(report), encoding="utf-8")
-    return path
+    return write_atomic(path, report_html(report))

@@ -18,6 +18,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from jfa_prof.files import write_atomic
+
 __all__ = ["chrome_trace", "gantt_figure", "gantt_bars", "write_chrome_trace"]
 
 _TILE_ARGS = ("slot", "tile", "batch", "head", "block", "kv_len", "n_blocks", "dur_cycles")
@@ -101,11 +103,8 @@ def chrome_trace(tiles: pd.DataFrame, spans: pd.DataFrame | None = None, waits: 
 
 
 def write_chrome_trace(doc: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # dumps, not dump: json.dump streams through the pure-Python encoder, 5x slower on 100k events
-    path.write_text(json.dumps(doc, separators=(",", ":")))
-    return path
+    return write_atomic(path, json.dumps(doc, separators=(",", ":")))
 
 
 def gantt_bars(tiles: pd.DataFrame, *, sm_range: tuple[int, int] = (0, 16), max_bars: int = 4000) -> pd.DataFrame:

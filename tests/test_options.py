@@ -1,0 +1,88 @@
+"""Options the commands share, and options that would otherwise be silently ignored: each
+refusal is one line on stderr and exit code 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jfa_prof.cli import app
+from jfa_prof.commands import heatmap as heatmap_cmd
+from jfa_prof.trace import bundled_traces
+from tests.resultgen import write_waterfall
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def no_live(monkeypatch):
+    monkeypatch.setattr(heatmap_cmd, "_record_live", lambda *a, **k: None)
+    monkeypatch.setattr("jfa_prof.report.can_record_live", lambda: False)
+
+
+def _refused(result, *words):
+    assert result.exit_code == 2, result.output
+    # report logs its steps first when stderr is no terminal ("reading …"); the error is one line, the last
+    lines = [ln for ln in result.stderr.strip().splitlines() if not ln.startswith("reading ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--lq", "-1"], ["--lq -1", "positive"]),
+    (["--max-kv", "0"], ["--max-kv 0", "positive"]),
+    (["--sparsity", "7"], ["--sparsity 7", "(0, 1]"]),
+    (["--sparsity", "0"], ["--sparsity 0"]),
+    (["--seed", "-3"], ["--seed -3"]),
+])
+@pytest.mark.parametrize("cmd", ["heatmap", "waterfall", "record", "report"])
+def test_workload_values_out_of_range_are_refused(tmp_path, no_live, cmd, args, words):
+    out = ["-o", str(tmp_path / "x")] if cmd in ("record", "report") else []
+    _refused(runner.invoke(app, [cmd, *out, *args]), *words)
+
+
+def test_a_seed_the_bundled_recordings_were_not_made_with_is_refused(tmp_path, no_live):
+    result = runner.invoke(app, ["heatmap", "--seed", "3", "--out", str(tmp_path / "h.html")])
+    _refused(result, "seed=3")
+    assert not (tmp_path / "h.html").exists()
+    _refused(runner.invoke(app, ["report", "-o", str(tmp_path / "r.html"), "--no-doctor", "--seed", "3"]), "seed=3")
+    # the seed they were made with is accepted
+    result = runner.invoke(app, ["heatmap", "--seed", "0", "--clc", "on", "--out", str(tmp_path / "h.html")])
+    assert result.exit_code == 0, result.output
+
+
+def test_workload_options_next_to_trace_files_are_refused(tmp_path, no_live):
+    trace = str(bundled_traces()[0])
+    _refused(runner.invoke(app, ["heatmap", "--trace", trace, "--lq", "128", "--out", str(tmp_path / "h.html")]),
+             "--lq", "--trace")
+    _refused(runner.invoke(app, ["report", "-o", str(tmp_path / "r.html"), "--trace", trace, "--seed", "1"]),
+             "--seed", "--trace")
+
+
+def test_waterfall_pass_must_match_the_recorded_file(tmp_path):
+    recorded = write_waterfall(tmp_path / "wf.json")  # a forward waterfall
+    _refused(runner.invoke(app, ["waterfall", "--results", str(recorded), "--pass", "bwd",
+                                 "--out", str(tmp_path / "w.html")]), "--pass bwd", "fwd pass")
+    assert not (tmp_path / "w.html").exists()
+    ok = runner.invoke(app, ["waterfall", "--results", str(recorded), "--pass", "fwd", "--out", str(tmp_path / "w.html")])
+    assert ok.exit_code == 0, ok.output
+
+
+def test_timeline_sm_range_past_the_gpus_sms_is_refused(tmp_path):
+    result = runner.invoke(app, ["timeline", "--sm-range", "500:600", "--out", str(tmp_path / "t.json")])
+    _refused(result, "--sm-range 500:600", "SMs 0 to 131")
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_live_only_options_next_to_results_are_refused(tmp_path):
+    recorded = write_waterfall(tmp_path / "wf.json")
+    _refused(runner.invoke(app, ["waterfall", "--results", str(recorded), "--save", str(tmp_path / "s.json"),
+                                 "--out", str(tmp_path / "w.html")]), "--save", "live run")
+    _refused(runner.invoke(app, ["waterfall", "--results", str(recorded), "--cumulative",
+                                 "--out", str(tmp_path / "w.html")]), "--cumulative")
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks/results/fwd_hsp_h200_2026-11-30.json")
+    _refused(runner.invoke(app, ["bench", "--results", bench, "--out", str(tmp_path / "b.json")]), "--out",
+             "live run")
+    assert not (tmp_path / "b.json").exists()
