@@ -18,20 +18,7 @@ from jfa_prof.inputs import select_workload
 from jfa_prof.kernels import fwd
 from jfa_prof.kernels.attention import fwd_launch
 from jfa_prof.schedule import fwd_work_list
-
-
-def graphed(fn):
-    """fn captured once in a CUDA graph; the returned callable replays it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return lambda: (graph.replay(), out)[1]
+from jfa_prof.timing import cuda_graphed
 
 
 ap = argparse.ArgumentParser()
@@ -52,7 +39,7 @@ for lq, kv, s in ((128, 1024, 0.1), (128, 1024, 0.5), (256, 2048, 0.1), (256, 20
         wl = fwd_work_list(x.kv_offsets, None, lq, w.H, lq, block_m=fwd.BLOCK_M, window=None,
                            causal=False, schedule=schedule, n_ctas=n_sms)
         ref = call()
-        replay = graphed(call)
+        replay = cuda_graphed(call)
         assert torch.equal(replay(), ref), "the graph replay must compute the same output"
         for name, fn in (("eager", call), ("planned", lambda: call(wl)), ("graph", replay)):
             ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")

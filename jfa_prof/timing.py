@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "gpu_ms", "host_breakdown", "host_us_per_call",
+__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "cuda_graphed", "gpu_ms", "host_breakdown", "host_us_per_call",
            "kernel_median_ms", "measurement_meta", "require_gpu", "time_twice"]
 
 # do_bench's budgets are milliseconds of GPU time, not iteration counts: a 0.1 ms kernel gets
@@ -143,6 +143,24 @@ def host_us_per_call(fn: Callable[[], Any], *, n: int = HOST_CALLS, rounds: int 
         per_call.append((time.perf_counter() - t0) / n * 1e6)
     torch.cuda.synchronize()
     return statistics.median(per_call)
+
+
+def cuda_graphed(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], Any]:
+    """``fn`` captured once in a CUDA graph (after ``warmup`` calls on a side stream, as capture
+    wants); the returned callable replays it and returns the outputs of the captured call, which
+    each replay overwrites in place."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return lambda: (graph.replay(), out)[1]
 
 
 def kernel_durations_ms(fn: Callable[[], Any], kernel: str, *, n: int = 1, activity: str = "cuda"):

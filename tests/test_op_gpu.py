@@ -222,6 +222,7 @@ def test_reuse_across_calls_and_in_place_offsets_changes(cuda_device):
 def test_training_step_captured_in_a_cuda_graph(cuda_device, deterministic):
     import torch
 
+    from jfa_prof import timing
     from jfa_prof.reference import reference_attention
 
     q, k, v, _, kv_off = _strided_case(cuda_device, "fused_kv", True)
@@ -234,17 +235,9 @@ def test_training_step_captured_in_a_cuda_graph(cuda_device, deterministic):
         o = _attend(q, kv, vv, None, kv_off, LENGTHS, deterministic=deterministic)
         return (o, *torch.autograd.grad(o, (q, kv, vv), do))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    replay = timing.cuda_graphed(step, warmup=2)
     eager = step()
-    graph.replay()
+    captured = replay()
     torch.cuda.synchronize()
     for name, e, c in zip(("o", "dq", "dk", "dv"), eager, captured):
         if deterministic or name != "dq":
@@ -254,7 +247,7 @@ def test_training_step_captured_in_a_cuda_graph(cuda_device, deterministic):
     # New offsets copied into the captured tensor: the replay rebuilds its own work list.
     new_lengths = LENGTHS[::-1]
     kv_off.copy_(_offsets(new_lengths, cuda_device))
-    graph.replay()
+    replay()
     torch.cuda.synchronize()
     ref, _ = reference_attention(q.detach(), kv.detach(), vv.detach(), None, kv_off, broadcast_q=True)
     assert (captured[0].float() - ref).norm() / ref.norm() <= BF16_TOL
