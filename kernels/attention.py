@@ -107,9 +107,7 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     if total_rows == 0 or k.shape[0] == 0:
         o.zero_()
         lse.fill_(float("-inf"))
-        if out is not None and out is not o:
-            out.copy_(o)
-        return (o if out is None else out), lse, None, FwdLaunch(0, 0, None, work, block_n or 0)
+        return _copied_into(out, o), lse, None, FwdLaunch(0, 0, None, work, block_n or 0)
     q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
     if n_ctas is None:
         n_ctas = _sm_count(q.device)
@@ -153,10 +151,7 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     _launch(fwd._jfa_fwd, (grid, ), args, constexprs, fwd.NUM_WARPS, 1, q.device)
     if launch_hook:
         launch_hook("after")
-    if out is not None and out is not o:
-        out.copy_(o)
-        o = out
-    return o, lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work, block_n)
+    return _copied_into(out, o), lse, (rec if profile else None), FwdLaunch(grid, n_slots, layout, work, block_n)
 
 
 def _launch(jit_fn, grid, args, constexprs, num_warps, num_stages, device) -> None:
@@ -253,18 +248,19 @@ def _forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_s
                       max_seq_len_kv=max_seq_len_kv if max_seq_len_kv >= 0 else 2**31 - 1,
                       max_seq_len_q=max_seq_len_q, broadcast_q=broadcast_q, Lq=Lq)
         entry.checked = True
-    queue = None
     jagged_q = None if broadcast_q else q_offsets
-    if work is None and q.shape[0] > 0 and k.shape[0] > 0 and entry.work is None:
-        entry.work = fwd_work_list(kv_offsets, jagged_q, Lq or None, q.shape[1], max_seq_len_q, block_m=fwd.BLOCK_M,
-                                   window=window, causal=causal, schedule=schedule, n_ctas=_sm_count(q.device))
+    nonempty = q.shape[0] > 0 and k.shape[0] > 0  # else fwd_launch writes zeros and launches nothing
+    queue = None
+    if work is None and nonempty:
+        if entry.work is None:
+            entry.work = fwd_work_list(kv_offsets, jagged_q, Lq or None, q.shape[1], max_seq_len_q,
+                                       block_m=fwd.BLOCK_M, window=window, causal=causal, schedule=schedule,
+                                       n_ctas=_sm_count(q.device))
+            queue = entry.work.queue  # zeroed with the list
         work = entry.work
-        queue = work.queue  # zeroed with the list
-    elif schedule == "dynamic" and q.shape[0] > 0 and k.shape[0] > 0:
+    if nonempty and schedule == "dynamic" and queue is None:
         # A plan's list or one kept from an earlier call: a counter from the entry's block of zeros.
         queue = entry.counter(q.device)
-    if work is None:
-        work = entry.work
     o, lse, _, _ = fwd_launch(q, k, v, jagged_q, kv_offsets, max_seq_len_q, sm_scale=sm_scale, window=window,
                               causal=causal, broadcast_q=broadcast_q, schedule=schedule, work=work, queue=queue)
     return o, lse
