@@ -4,6 +4,7 @@ changed fails its assertion instead of going stale."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 from pathlib import Path
@@ -42,17 +43,31 @@ def set_parameters(nb, **values):
     return nb
 
 
+def kernel_env() -> dict[str, str]:
+    """The kernel's environment: this checkout first on its path, so the notebooks run against the
+    code under test and not whichever jfa_prof happens to be installed."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def execute(path: Path, **params):
     """The notebook run top to bottom in its own directory, as Jupyter would; the executed copy."""
     nb = set_parameters(_read(path), LIVE=False, **params)
     nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute()
+                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute(env=kernel_env())
     return nb
 
 
 def markdown_outputs(nb) -> str:
     return "\n".join(o["data"]["text/markdown"] for c in nb.cells if c.cell_type == "code"
                      for o in c.outputs if "text/markdown" in o.get("data", {}))
+
+
+def test_notebooks_run_against_this_checkout():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import jfa_prof; print(jfa_prof.__file__)")])
+    nbclient.NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK_DIR)}}
+                            ).execute(env=kernel_env())
+    assert nb.cells[0].outputs[0]["text"].strip() == str(ROOT / "jfa_prof" / "__init__.py")
 
 
 def test_there_are_four_investigations():
@@ -90,12 +105,36 @@ def test_notebook_uses_only_the_public_library_api(path):
                 raise AssertionError(f"{path.name}: uses the private attribute .{node.attr}")
 
 
+PLOTLY_JSON = "application/vnd.plotly.v1+json"
+
+
+def figure_outputs(nb) -> list[dict]:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if PLOTLY_JSON in o.get("data", {})]
+
+
+def assert_figures_survive_html_export(nb, name: str) -> None:
+    """nbconvert's HTML export drops plotly's JSON mime type: each figure must carry HTML too,
+    drawn by one inline copy of plotly.js (nothing fetched: the page works offline)."""
+    from nbconvert import HTMLExporter
+
+    figures = figure_outputs(nb)
+    for o in figures:
+        assert "text/html" in o["data"], f"{name}: a figure stored as plotly JSON only"
+        assert '"responsive": true' in o["data"]["text/html"]
+    page, _ = HTMLExporter().from_notebook_node(nb)
+    assert page.count("Plotly.newPlot(") == len(figures), f"{name}: figures lost in the HTML export"
+    if figures:
+        assert page.count("* plotly.js v") == 1, f"{name}: plotly.js inlined more than once, or not at all"
+    assert not re.search(r"<script[^>]+src=\"[^\"]*plotly", page), "plotly.js from a CDN"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_on_the_recorded_data(path):
     nb = execute(path)
     conclusions = markdown_outputs(nb)
     assert conclusions, f"{path.name} printed no computed conclusion"
     assert "**" in conclusions
+    assert_figures_survive_html_export(nb, path.name)
 
 
 def _results_copy(tmp_path: Path, *patterns: str) -> Path:

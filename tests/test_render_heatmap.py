@@ -94,6 +94,13 @@ def test_write_html_is_self_contained(tmp_path, tr):
     assert "<html>" in html[:200].lower() and html.rstrip().endswith("</html>")
     assert 'src="https://cdn.plot.ly' not in html
     assert len(html) > 1_000_000  # plotly.js is inlined
+    assert '"responsive": true' in html and "width:100%" in html  # fills the window, follows resizes
+
+
+def test_three_panels_take_the_width_they_are_given(tr):
+    occ = occupancy_matrix(tr.tiles, 3, n_bins=3)
+    layout = heatmap_panels([("a", occ), ("b", occ), ("c", occ)]).to_dict()["layout"]
+    assert "width" not in layout and layout["autosize"] is True
 
 
 def test_summary_table(tr):

@@ -98,6 +98,17 @@ def test_plotly_js_is_inlined_once_and_nothing_is_fetched(full_report, full_html
     assert not re.search(r'<link[^>]+href="http', full_html)
 
 
+def test_figures_have_no_fixed_width_and_follow_the_page(full_report, full_html):
+    # A fixed 1680 px heatmap was clipped (third panel and colour bar) on a 1600 px screen.
+    for name, fig in page.figures(full_report):
+        layout = fig.to_dict()["layout"]
+        assert "width" not in layout, name
+        assert layout.get("autosize") is True, name
+    assert full_html.count('"responsive": true') == len(page.figures(full_report))
+    divs = re.findall(r'<div id="fig-\d+" class="plotly-graph-div" style="([^"]*)"', full_html)
+    assert len(divs) == len(page.figures(full_report)) and all("width:100%" in d for d in divs)
+
+
 def test_the_page_says_where_its_traces_come_from(full_report, full_html):
     header = full_html[full_html.index("<header>"):full_html.index("</header>")]
     assert 'class="source bundled"' in header and "not live" in header

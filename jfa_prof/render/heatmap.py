@@ -70,7 +70,7 @@ def heatmap_panels(panels: Sequence[tuple[str, Occupancy]], *, title: str | None
         coloraxis={"colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0,
                    "colorbar": {"title": {"text": "busy"}, "tickformat": ".0%"}},
         height=max(420, rows * (150 + 3 * n_sms)),
-        width=max(700, 560 * cols),
+        autosize=True,  # no fixed width: the panels share whatever width the page gives them
         margin={"l": 60, "r": 30, "t": 80, "b": 50},
     )
     return fig
@@ -81,10 +81,13 @@ def heatmap_figure(occ: Occupancy, *, label: str = "", title: str | None = None)
 
 
 def write_html(fig: go.Figure, path: str | os.PathLike) -> Path:
-    """A self-contained page (plotly.js inlined), so it opens offline and can be attached anywhere."""
+    """A self-contained page (plotly.js inlined), so it opens offline and can be attached anywhere;
+    the figure fills the window and follows its resizes."""
+    from jfa_prof.render.figures import CONFIG
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    fig.write_html(path, include_plotlyjs=True, full_html=True, config=CONFIG, default_width="100%")
     return path
 
 

@@ -89,7 +89,7 @@ def finish_figure(results: Sequence[TraceResult], *, title: str | None = None) -
     fig.update_layout(
         title=title or "SM finish times, latest first",
         xaxis={"title": {"text": "SMs, by finish time"}}, yaxis={"title": {"text": "last tile end (µs)"}},
-        height=380, width=900, legend={"title": {"text": "trace"}}, margin={"l": 60, "r": 30, "t": 60, "b": 50})
+        height=380, autosize=True, legend={"title": {"text": "trace"}}, margin={"l": 60, "r": 30, "t": 60, "b": 50})
     return fig
 
 
@@ -219,8 +219,10 @@ def _bench_tables(report: Report) -> str:
 
 
 def _figure_div(n: int, name: str, fig: go.Figure) -> str:
-    body = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{n}",
-                       config={"displaylogo": False, "responsive": False})
+    from jfa_prof.render.figures import CONFIG
+
+    body = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{n}", config=CONFIG,
+                       default_width="100%")
     return f'<div class="{FIGURE_CLASS}" data-figure="{html.escape(name)}">{body}</div>'
 
 

@@ -80,7 +80,7 @@ def waterfall_figure(wf: Waterfall, *, title: str | None = None, subtitle: str |
     fig.update_layout(
         title={"text": head + "<br><sup>" + "<br>".join(sub) + "</sup>"},
         yaxis={"title": {"text": "ms"}, "rangemode": "tozero"},
-        showlegend=False, height=520, width=max(700, 140 * len(x)),
+        showlegend=False, height=520, autosize=True,
         margin={"l": 60, "r": 30, "t": 110, "b": 60},
     )
     return fig
