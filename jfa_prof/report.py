@@ -188,6 +188,12 @@ class TraceResult:
     prediction: Any = None  # analyses.predict.Prediction, when asked for
     barriers: Any = None  # analyses.barriers.BarrierAttribution; None for a level-1 recording
 
+    @property
+    def level(self) -> int | None:
+        """The instrumentation level the trace was recorded at (None where it does not say)."""
+        level = self.trace.meta.get("profile_level")
+        return None if level is None else int(level)
+
 
 def analyse_traces(traces: Sequence[Any], *, bins: int = 200, predict: bool = True) -> list[TraceResult]:
     """Occupancy on one shared time axis (equal widths mean equal times in every panel),

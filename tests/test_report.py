@@ -109,6 +109,14 @@ def test_figures_have_no_fixed_width_and_follow_the_page(full_report, full_html)
     assert len(divs) == len(page.figures(full_report)) and all("width:100%" in d for d in divs)
 
 
+def test_heatmap_panels_carry_their_figures_and_level(full_report):
+    heat = dict(page.figures(full_report))["heatmap"].to_dict()["layout"]
+    for r, title in zip(full_report.traces, (a["text"] for a in heat["annotations"])):
+        assert f"makespan {r.imbalance.makespan_ns / 1e3:,.1f} µs" in title
+        assert f"idle {100 * r.imbalance.idle_fraction:.1f}%" in title
+        assert r.level == 2 and "level 2" in title
+
+
 def test_the_page_says_where_its_traces_come_from(full_report, full_html):
     header = full_html[full_html.index("<header>"):full_html.index("</header>")]
     assert 'class="source bundled"' in header and "not live" in header

@@ -96,7 +96,9 @@ def heatmap(
     first = next(iter(sides.values()))
     title = f"SM occupancy · {first.workload_label} · {first.gpu_name}"
     fig = render.heatmap_panels([(p["label"], p["occ"]) for p in panels], title=title,
-                                cols=2 if predict else None)
+                                cols=2 if predict else None, imbalances=[p["imbalance"] for p in panels],
+                                levels=[p["trace"].meta.get("profile_level") if p["kind"] == "measured" else None
+                                        for p in panels])
     render.write_html(fig, out)
 
     warnings = [w for tr in sides.values() for w in tr.warnings]

@@ -22,10 +22,28 @@ from jfa_prof.analyses.imbalance import Imbalance
 from jfa_prof.analyses.occupancy import Occupancy
 from jfa_prof.analyses.predict import CostModel, PredictionComparison
 
-__all__ = ["comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text", "summary_table",
-           "tail_details", "write_html"]
+__all__ = ["LEVEL_NAMES", "comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text",
+           "level_name", "panel_caption", "summary_table", "tail_details", "write_html"]
 
 COLORSCALE = "Viridis"  # idle is dark, so a tail of idle SMs reads as a dark wedge
+TAIL_COLOR = "rgba(255, 255, 255, 0.18)"  # the tail window, light over the dark idle cells it covers
+
+# What each instrumentation level records. The level changes the kernel's timing (notebook 3),
+# so a chart without it cannot be read against another.
+LEVEL_NAMES = {0: "uninstrumented", 1: "level 1 (tile records)", 2: "level 2 (tiles + barrier waits)"}
+
+
+def level_name(level: int | None) -> str:
+    """How a chart names the instrumentation level a recording was made at (None: a simulation)."""
+    if level is None:
+        return "simulated"
+    return LEVEL_NAMES.get(int(level), f"level {level}")
+
+
+def panel_caption(im: Imbalance, level: int | None = None) -> str:
+    """The imbalance figures a panel carries under its title (plotly HTML, two lines)."""
+    return (f"makespan {_us(im.makespan_ns)} · mean finish {_us(im.mean_finish_ns)}<br>"
+            f"tail {_us(im.tail_ns)} · idle {_pct(im.idle_fraction)} · {level_name(level)}")
 _HOVER = "SM %{y} · %{x:.1f} µs<br>busy %{z:.0%}<br>%{text}<extra>%{fullData.name}</extra>"
 
 
@@ -46,14 +64,26 @@ def hover_text(occ: Occupancy) -> np.ndarray:
 
 
 def heatmap_panels(panels: Sequence[tuple[str, Occupancy]], *, title: str | None = None,
-                   cols: int | None = None) -> go.Figure:
-    """One heatmap per (label, occupancy), laid out ``cols`` per row (default: all in one row)."""
+                   cols: int | None = None, imbalances: Sequence[Imbalance | None] | None = None,
+                   levels: Sequence[int | None] | None = None) -> go.Figure:
+    """One heatmap per (label, occupancy), laid out ``cols`` per row (default: all in one row).
+
+    With ``imbalances`` (one per panel, or None), each panel is captioned with its makespan, mean
+    finish, tail and idle fraction, and the instrumentation level of ``levels`` it was recorded
+    at; its tail window (mean finish to makespan) is shaded."""
     if not panels:
         raise ValueError("no panels to draw")
+    imbalances = list(imbalances) if imbalances is not None else [None] * len(panels)
+    levels = list(levels) if levels is not None else [None] * len(panels)
+    if len(imbalances) != len(panels) or len(levels) != len(panels):
+        raise ValueError("one imbalance and one level per panel")
     cols = cols or len(panels)
     rows = math.ceil(len(panels) / cols)
-    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=[p[0] for p in panels],
-                        horizontal_spacing=0.03 if cols > 1 else 0.0, vertical_spacing=0.08)
+    titles = [f"<b>{label}</b><br><sup>{panel_caption(im, lv)}</sup>" if im is not None else label
+              for (label, _), im, lv in zip(panels, imbalances, levels)]
+    captioned = any(im is not None for im in imbalances)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=titles,
+                        horizontal_spacing=0.03 if cols > 1 else 0.0, vertical_spacing=0.14 if captioned else 0.08)
     n_sms = max(occ.n_sms for _, occ in panels)
     t_end_us = max(float(occ.edges_ns[-1]) for _, occ in panels) / 1e3
     for i, (label, occ) in enumerate(panels):
@@ -65,13 +95,17 @@ def heatmap_panels(panels: Sequence[tuple[str, Occupancy]], *, title: str | None
         fig.update_xaxes(range=[0, t_end_us], title_text="time since first tile (µs)" if r == rows - 1 else None,
                          row=r + 1, col=c + 1)
         fig.update_yaxes(range=[n_sms - 0.5, -0.5], title_text="SM" if c == 0 else None, row=r + 1, col=c + 1)
+        im = imbalances[i]
+        if im is not None and not math.isnan(im.mean_finish_ns) and im.tail_ns > 0:
+            fig.add_vrect(x0=im.mean_finish_ns / 1e3, x1=im.makespan_ns / 1e3, fillcolor=TAIL_COLOR, line_width=0,
+                          layer="above", row=r + 1, col=c + 1)
     fig.update_layout(
         title=title,
         coloraxis={"colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0,
                    "colorbar": {"title": {"text": "busy"}, "tickformat": ".0%"}},
         height=max(420, rows * (150 + 3 * n_sms)),
         autosize=True,  # no fixed width: the panels share whatever width the page gives them
-        margin={"l": 60, "r": 30, "t": 80, "b": 50},
+        margin={"l": 60, "r": 30, "t": 120 if captioned else 80, "b": 50},
     )
     return fig
 

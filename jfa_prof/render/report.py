@@ -102,7 +102,8 @@ def figures(report: Report) -> list[tuple[str, go.Figure]]:
         first = report.traces[0].trace
         out.append(("heatmap", heatmap.heatmap_panels(
             [(r.label, r.occupancy) for r in report.traces],
-            title=f"SM occupancy · {report.workload_label} · {first.gpu_name}")))
+            title=f"SM occupancy · {report.workload_label} · {first.gpu_name}",
+            imbalances=[r.imbalance for r in report.traces], levels=[r.level for r in report.traces])))
         out.append(("finish", finish_figure(report.traces)))
     if report.waterfall is not None:
         from jfa_prof.render import waterfall
