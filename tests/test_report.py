@@ -124,6 +124,13 @@ def test_the_page_says_where_its_traces_come_from(full_report, full_html):
         assert r.trace.path.name in header
 
 
+def test_tables_are_html_tables_not_terminal_text(full_html):
+    assert "<pre" not in full_html
+    captions = re.findall(r'<table class="data"><caption>(.*?)</caption>', full_html)
+    assert "SM imbalance" in captions and any(c.startswith("barrier waits") for c in captions)
+    assert any("fwd TFLOPS" in c for c in captions)
+
+
 def test_tables_are_the_ones_the_commands_print(full_report, full_html):
     text = re.sub(r"<[^>]+>", "", full_html)
     for r in full_report.traces:

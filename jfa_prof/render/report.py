@@ -9,7 +9,6 @@ can be mailed, attached to an issue or opened offline.
 from __future__ import annotations
 
 import html
-import io
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,8 +24,6 @@ __all__ = ["FIGURE_CLASS", "finish_figure", "figures", "report_html", "rich_html
 # Every figure sits in a <div class="FIGURE_CLASS" data-figure="name">: the browser test finds
 # them by it, and checks plotly drew into each.
 FIGURE_CLASS = "jfa-figure"
-# Wide enough for the heatmap's summary table with three traces side by side.
-TABLE_WIDTH = 120
 
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 0 auto; max-width: 1800px;
@@ -43,6 +40,15 @@ nav ul { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 14px
 pre.rich { font-family: Menlo, "DejaVu Sans Mono", Consolas, monospace; font-size: 12.5px; line-height: 1.3;
            background: #fafafa; border: 1px solid #eee; padding: 8px 10px; overflow-x: auto; }
 div.jfa-figure { overflow-x: auto; margin: 8px 0 16px; }
+div.printed { overflow-x: auto; }
+table.data { border-collapse: collapse; font-size: 13px; margin: 12px 0 4px; font-variant-numeric: tabular-nums; }
+table.data caption { text-align: left; font-weight: bold; padding: 4px 0; caption-side: top; }
+table.data th { border-bottom: 2px solid #ccc; padding: 3px 10px; text-align: left; white-space: pre-line;
+                vertical-align: bottom; }
+table.data td { border-bottom: 1px solid #eee; padding: 2px 10px; white-space: nowrap; }
+table.data tbody + tbody { border-top: 2px solid #ddd; }
+table.data .num { text-align: right; } table.data .mid { text-align: center; }
+p.line { margin: 2px 0 4px; font-size: 13px; max-width: 110ch; }
 table.checks { border-collapse: collapse; font-size: 13px; }
 table.checks th, table.checks td { border: 1px solid #ddd; padding: 4px 8px; vertical-align: top; text-align: left; }
 td.ok { color: #1a7f37; } td.warn { color: #9a6700; } td.fail { color: #cf222e; font-weight: bold; }
@@ -66,12 +72,11 @@ _TITLES = {"environment": "Environment", "heatmap": "SM heatmap and imbalance", 
            "bench": "Against FlashAttention-4"}
 
 
-def rich_html(draw: Callable[[Console], Any], *, width: int = TABLE_WIDTH) -> str:
-    """What ``draw(console)`` prints, as a styled ``<pre>`` block (inline styles, no stylesheet)."""
-    console = Console(record=True, file=io.StringIO(), width=width, highlight=False, soft_wrap=True,
-                      color_system="truecolor")
-    draw(console)
-    return console.export_html(inline_styles=True, code_format='<pre class="rich"><code>{code}</code></pre>')
+def rich_html(draw: Callable[[Console], Any]) -> str:
+    """What ``draw(console)`` prints, as HTML tables and paragraphs (:mod:`jfa_prof.render.html`)."""
+    from jfa_prof.render.html import capture_html
+
+    return capture_html(draw)
 
 
 def finish_figure(results: Sequence[TraceResult], *, title: str | None = None) -> go.Figure:
