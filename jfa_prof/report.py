@@ -287,11 +287,10 @@ class Report:
         return " / ".join(labels) if labels else "no traces"
 
     def sections(self) -> list[str]:
-        """The sections present, in page order."""
-        have = {"environment": self.environment is not None, "heatmap": bool(self.traces),
-                "barriers": any(t.barriers is not None for t in self.traces),
+        """The sections present, in page order: the findings first, the machine that made them last."""
+        have = {"heatmap": bool(self.traces), "barriers": any(t.barriers is not None for t in self.traces),
                 "spills": self.spills is not None, "ncu": bool(self.ncu), "waterfall": self.waterfall is not None,
-                "bench": self.bench is not None}
+                "bench": self.bench is not None, "environment": self.environment is not None}
         return [k for k, v in have.items() if v]
 
 

@@ -36,6 +36,7 @@ p.source { padding: 6px 10px; background: #eef5ff; border-left: 4px solid #3b7dd
 p.source.bundled { background: #fff6e0; border-left-color: #e0a000; }
 p.note { padding: 6px 10px; background: #fdecea; border-left: 4px solid #d62728; }
 p.meta, p.intro { color: #555; }
+p.scope { margin: 2px 0 6px; font-weight: 600; color: #333; }
 nav ul { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 14px; }
 pre.rich { font-family: Menlo, "DejaVu Sans Mono", Consolas, monospace; font-size: 12.5px; line-height: 1.3;
            background: #fafafa; border: 1px solid #eee; padding: 8px 10px; overflow-x: auto; }
@@ -110,6 +111,21 @@ def figures(report: Report) -> list[tuple[str, go.Figure]]:
             title=f"SM occupancy · {report.workload_label} · {first.gpu_name}",
             imbalances=[r.imbalance for r in report.traces], levels=[r.level for r in report.traces])))
         out.append(("finish", finish_figure(report.traces)))
+    waits = [(r.label, r.barriers) for r in report.traces if r.barriers is not None and len(r.barriers.table)]
+    if waits:
+        from jfa_prof.render import barriers
+
+        out.append(("barriers", barriers.barriers_figure(
+            waits, title=f"barrier waits · {report.workload_label} · {_trace_pass(report)}")))
+    if report.ncu:
+        from jfa_prof.analyses.ncu import stall_breakdown
+        from jfa_prof.render import ncu
+
+        kernels = [(Path(rep.path).name if len(rep.kernels) == 1 else f"{Path(rep.path).name} · {k.name}", k)
+                   for rep in report.ncu for k in rep.kernels]
+        if any(stall_breakdown(k)["stall"].any() for _, k in kernels if len(stall_breakdown(k))):
+            out.append(("ncu-stalls", ncu.stalls_figure(
+                kernels, title=f"warp stall reasons · {', '.join(_ncu_passes(report))} kernel")))
     if report.waterfall is not None:
         from jfa_prof.render import waterfall
 
@@ -138,6 +154,36 @@ def figures(report: Report) -> list[tuple[str, go.Figure]]:
 
 
 # ---- sections ------------------------------------------------------------------------------
+
+def _trace_pass(report: Report) -> str:
+    return " / ".join(dict.fromkeys(r.trace.kernel_label.split("/")[0] for r in report.traces)) or "?"
+
+
+def _ncu_passes(report: Report) -> list[str]:
+    # The kernels are named _jfa_fwd / _jfa_bwd; a report of another kernel keeps its own name.
+    return list(dict.fromkeys(k.name.removeprefix("_jfa_") for rep in report.ncu for k in rep.kernels))
+
+
+def _scope(report: Report, key: str) -> str | None:
+    """The workload and pass a section shows, in the words the page prints under its heading."""
+    if key in ("heatmap", "barriers"):
+        return f"workload {report.workload_label} · pass {_trace_pass(report)} · {len(report.traces)} recording(s)"
+    if key == "spills":
+        passes = " / ".join(dict.fromkeys(str(v).split("/")[0] for v in report.spills["variant"]))
+        return f"no workload: compiled, not run (for {report.spills_target}) · pass {passes}"
+    if key == "ncu":
+        return ("workload as profiled (an ncu report does not record it) · pass "
+                + " / ".join(_ncu_passes(report)) + " · " + ", ".join(Path(r.path).name for r in report.ncu))
+    if key == "waterfall":
+        rec, wf = report.waterfall
+        return f"workload {rec.label or '?'} · pass {wf.pass_} · {rec.schedule} schedule"
+    if key == "bench":
+        frame = report.bench.frame()
+        grids = "/".join(dict.fromkeys(str(g) for g in frame["grid"]))
+        passes = " / ".join(dict.fromkeys(str(r.get("pass", "fwd")) for r in report.bench.records))
+        return f"workloads: the {frame['label'].nunique()} points of the {grids} grid · pass {passes}"
+    return None
+
 
 def _environment(report: Report) -> list[str]:
     from jfa_prof.render import doctor
@@ -250,14 +296,13 @@ def report_html(report: Report) -> str:
         elif key == "heatmap":
             blocks = [fig("heatmap"), fig("finish"), _heatmap_tables(report)]
         elif key == "barriers":
-            blocks = _barrier_tables(report)
+            blocks = ([fig("barriers")] if "barriers" in figs else []) + _barrier_tables(report)
         elif key == "spills":
             from jfa_prof.render import spills
 
             blocks = [rich_html(lambda c: spills.render_table(report.spills, target=report.spills_target, console=c))]
         elif key == "ncu":
-            blocks = [f"<p class=\"meta\">{html.escape(', '.join(r.path for r in report.ncu))}</p>",
-                      *_ncu_tables(report)]
+            blocks = [*([fig("ncu-stalls")] if "ncu-stalls" in figs else []), *_ncu_tables(report)]
         elif key == "waterfall":
             from jfa_prof.render import waterfall
 
@@ -274,8 +319,11 @@ def report_html(report: Report) -> str:
         intros["heatmap"] += (" The prediction re-runs each recording's own work list through the CPU simulator, "
                               "with a cost model fitted to that recording.")
     nav = "".join(f'<li><a href="#{k}">{html.escape(_TITLES[k])}</a></li>' for k in body)
+    scopes = {k: _scope(report, k) for k in body}
     sections = "".join(
-        f'<section id="{k}"><h2>{html.escape(_TITLES[k])}</h2><p class="intro">{html.escape(intros[k])}</p>'
+        f'<section id="{k}"><h2>{html.escape(_TITLES[k])}</h2>'
+        + (f'<p class="scope">{html.escape(scopes[k])}</p>' if scopes[k] else "")
+        + f'<p class="intro">{html.escape(intros[k])}</p>'
         + "".join(blocks) + "</section>" for k, blocks in body.items())
     notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in report.notes)
     source_class = "source bundled" if report.origin == "bundled" else "source"
