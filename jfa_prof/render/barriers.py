@@ -60,7 +60,7 @@ def barriers_table(attr: BarrierAttribution, console: Console, *, top: int | Non
         "kernel time": "% kernel = cycles / (kernel cycles × CTAs × roles): no role spans were recorded",
         "none": "no role spans and no kernel time: shares unknown",
     }[attr.basis]
-    console.print(f"[dim]{escape(basis)}[/]")
+    console.print(f"[dim]{escape(basis)}[/]", soft_wrap=False)
     console.print(f"all waits: {attr.wait_cycles:,.0f} cycles = {_pct(attr.wait_fraction)} of warp-role time")
 
 

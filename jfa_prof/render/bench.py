@@ -162,7 +162,7 @@ def bench_table(frame: pd.DataFrame, console: Console, *, impls: Sequence[str] |
                           _num(r.ratio_vs_best_peer, ".2f"), _num(r.peak_mem_mb, ",.0f"), _num(r.rel_err, ".1e"))
     console.print(table)
     console.print(f"[dim]{FA4_CALL}, {BEST_CALL}: that implementation's time per call divided into FA4's / "
-                  "the best peer's (above 1 is faster)[/]")
+                  "the best peer's (above 1 is faster)[/]", soft_wrap=False)
     for e in errors:
         console.print(f"[red]failed[/] {escape(e)}")
 
@@ -211,7 +211,7 @@ def roofline_table(frame: pd.DataFrame, console: Console, *, ours: str | None = 
                       _num(first["floor_ms"], ".3f"), _pct(getattr(by.get(ours), "roof", None)),
                       _pct(getattr(by.get("fa4"), "roof", None)))
     console.print(table)
-    console.print(f"[dim]{ROOF_NOTE}[/]")
+    console.print(f"[dim]{ROOF_NOTE}[/]", soft_wrap=False)
 
 
 LIMITS_NOTE = ("From one recording of our kernel per point (tile records only): each tile's start-to-start time on its "
@@ -251,7 +251,7 @@ def limits_table(labels: Sequence[str], limits: Sequence, splits: Sequence, cons
                       _pct(split.tile_share) if split.separable else "–", _pct(split.idle_share),
                       _num(split.b_ns / 1e3, ".2f") if split.separable else "–", f"[{style}]{verdict}[/]")
     console.print(table)
-    console.print(f"[dim]{LIMITS_NOTE}[/]")
+    console.print(f"[dim]{LIMITS_NOTE}[/]", soft_wrap=False)
 
 
 _PARTS = (("blocks", "blocks_ms", "#1f77b4"), ("per tile", "tile_ms", "#ff7f0e"), ("idle", "idle_ms", "#7f7f7f"))

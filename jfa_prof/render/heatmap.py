@@ -182,7 +182,7 @@ def tail_details(results: Sequence[tuple[str, Imbalance]], console: Console, *, 
         if len(im.critical_sms):
             sms = ", ".join(f"{int(r.smid)} (+{r.over_mean_ns / 1e3:.1f} µs)"
                             for r in im.critical_sms.itertuples())
-            console.print(f"[bold]{escape(label)}[/] SMs on the tail (finish after the mean): {sms}")
+            console.print(f"[bold]{escape(label)}[/] SMs on the tail (finish after the mean): {sms}", soft_wrap=False)
         if len(im.last_tiles):
             last = Table(title=f"{label}: tiles that end last", title_justify="left")
             for c in ("smid", "tile", "batch", "head", "kv_len", "start", "end"):
