@@ -86,6 +86,17 @@ def test_notebook_is_stored_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_ends_with_its_conclusions(path):
+    nb = _read(path)
+    *_, before, last = nb.cells
+    if last.cell_type == "markdown":  # conclusions that need no number
+        assert last.source.startswith("## What this means")
+    else:  # or a heading, then the conclusions computed from the numbers above
+        assert before.cell_type == "markdown" and before.source.startswith("## What this means")
+        assert "Markdown(" in last.source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_uses_only_the_public_library_api(path):
     for cell in _read(path).cells:
         if cell.cell_type != "code":

@@ -120,3 +120,17 @@ def test_limits_figure_stacks_the_split_in_units_of_the_allowed_time():
     assert d["layout"]["shapes"][0]["x0"] == 1.0 and "H200" in d["layout"]["title"]["text"]
     with pytest.raises(ValueError, match="no point"):
         limits_figure(["a"], [None])
+
+
+def test_vs_fa4_figure_sets_the_ratio_beside_the_memory():
+    from jfa_prof.render.bench import vs_fa4_figure
+
+    d = vs_fa4_figure(["a", "b"], [0.9, 1.3], [100.0, 200.0], [150.0, 400.0], target=1.5, subtitle="H200").to_dict()
+    ratio, ours, fa4 = d["data"]
+    assert list(ratio["y"]) == ["a", "b"] and list(ratio["x"]) == [0.9, 1.3] and ratio["xaxis"] == "x"
+    assert (ours["name"], list(ours["x"]), ours["xaxis"]) == ("ours", [100.0, 200.0], "x2")
+    assert list(fa4["x"]) == [150.0, 400.0]
+    assert [s["x0"] for s in d["layout"]["shapes"]] == [1.0, 1.5]
+    assert "÷fa4 call" in d["layout"]["annotations"][0]["text"] and "width" not in d["layout"]
+    with pytest.raises(ValueError, match="one ratio"):
+        vs_fa4_figure(["a"], [1.0, 2.0], [1.0], [1.0])

@@ -166,3 +166,15 @@ def test_comparison_table(tr):
     out = c.file.getvalue()
     assert "makespan measured" in out and "300.0 µs" in out
     assert "1,000 + 250·n_blocks ns" in out and "0.980" in out
+
+
+def test_busy_figure_sorts_each_sm_busiest_first_with_its_mean(tr):
+    from jfa_prof.render.heatmap import busy_figure
+
+    im = imbalance(tr.tiles, tr.n_sms)  # SM 0 busy 300 µs, SM 1 200 µs, SM 2 idle
+    d = busy_figure([("clc off", im)]).to_dict()
+    (line,) = d["data"]
+    assert list(line["y"]) == [300.0, 200.0, 0.0] and list(line["customdata"]) == [0, 1, 2]
+    (mean,) = d["layout"]["shapes"]
+    assert mean["y0"] == pytest.approx(500 / 3) and mean["line"]["dash"] == "dash"
+    assert "width" not in d["layout"]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = ["BEST_CALL", "FA4_CALL", "FA4_GPU", "bench_table", "facets", "impl_order", "limits_figure", "limits_table",
-           "ratio_name", "roofline_table", "summary_table", "tflops_figure"]
+           "ratio_name", "roofline_table", "summary_table", "tflops_figure", "vs_fa4_figure"]
 
 # Two different ratios to FA4 are shown, and they can differ twofold at one point (0.55 and 1.22):
 # over whole calls (``ms``: the host's work in each call included) and over GPU time alone
@@ -281,4 +281,36 @@ def limits_figure(labels: Sequence[str], limits: Sequence, *, title: str = "what
                       title=title + (f"<br><sup>{escape_html(subtitle)}</sup>" if subtitle else ""),
                       xaxis_title="our time ÷ the time the target allows", yaxis_autorange="reversed",
                       legend_orientation="h", legend_y=-0.15)
+    return fig
+
+
+def vs_fa4_figure(labels: Sequence[str], ratios: Sequence[float], ours_mb: Sequence[float],
+                  fa4_mb: Sequence[float], *, ratio_name: str = FA4_CALL, target: float | None = None,
+                  title: str = "against FA4", subtitle: str | None = None) -> "go.Figure":
+    """A row per point: our ratio to FA4 (left, the line at 1 is FA4's speed, dashed the target)
+    and the peak memory of one call, ours beside FA4's (right)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    labels = [str(x) for x in labels]
+    if not labels:
+        raise ValueError("no points to draw")
+    if not len(labels) == len(ratios) == len(ours_mb) == len(fa4_mb):
+        raise ValueError("one ratio and two memory figures per point")
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03, column_widths=[0.5, 0.5],
+                        subplot_titles=[f"{ratio_name} (above 1: faster than FA4)", "peak memory of one call (MB)"])
+    fig.add_trace(go.Bar(y=labels, x=list(ratios), orientation="h", name=ratio_name, marker_color="#1f77b4",
+                         hovertemplate="%{y}<br>" + ratio_name + " %{x:.2f}<extra></extra>", showlegend=False),
+                  row=1, col=1)
+    fig.add_vline(x=1.0, line={"color": "black", "width": 1}, row=1, col=1)
+    if target is not None:
+        fig.add_vline(x=target, line={"color": "#d62728", "dash": "dash", "width": 1}, row=1, col=1,
+                      annotation_text=f"target {target:g}×", annotation_position="top")
+    for name, values, color in (("ours", ours_mb, "#1f77b4"), ("fa4", fa4_mb, "#7f7f7f")):
+        fig.add_trace(go.Bar(y=labels, x=list(values), orientation="h", name=name, marker_color=color,
+                             hovertemplate="%{y}<br>" + name + " %{x:,.0f} MB<extra></extra>"), row=1, col=2)
+    fig.update_layout(
+        title=title + (f"<br><sup>{escape_html(subtitle)}</sup>" if subtitle else ""), barmode="group",
+        template="plotly_white", autosize=True, height=140 + 28 * len(labels), yaxis={"autorange": "reversed"},
+        legend={"orientation": "h", "y": -0.08, "title": {"text": "memory"}}, margin={"l": 200, "r": 30, "t": 90, "b": 60})
     return fig

@@ -22,7 +22,7 @@ from jfa_prof.analyses.imbalance import Imbalance
 from jfa_prof.analyses.occupancy import Occupancy
 from jfa_prof.analyses.predict import CostModel, PredictionComparison
 
-__all__ = ["LEVEL_NAMES", "comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text",
+__all__ = ["LEVEL_NAMES", "busy_figure", "comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text",
            "level_name", "panel_caption", "summary_table", "tail_details", "write_html"]
 
 COLORSCALE = "Viridis"  # idle is dark, so a tail of idle SMs reads as a dark wedge
@@ -112,6 +112,31 @@ def heatmap_panels(panels: Sequence[tuple[str, Occupancy]], *, title: str | None
 
 def heatmap_figure(occ: Occupancy, *, label: str = "", title: str | None = None) -> go.Figure:
     return heatmap_panels([(label, occ)], title=title)
+
+
+def busy_figure(results: Sequence[tuple[str, Imbalance]], *, title: str | None = None) -> go.Figure:
+    """Every SM's busy time, busiest first, a line per result, its mean dashed in the same colour:
+    a balanced schedule is a flat line on its mean; max/mean busy is the left end over the dash."""
+    from plotly.colors import qualitative
+
+    if not results:
+        raise ValueError("no results to draw")
+    fig = go.Figure()
+    for i, (label, im) in enumerate(results):
+        color = qualitative.D3[i % len(qualitative.D3)]
+        busy = im.per_sm["busy_ns"].to_numpy(np.float64)
+        order = np.argsort(-busy, kind="stable")
+        fig.add_trace(go.Scatter(
+            x=np.arange(len(order)).tolist(), y=(busy[order] / 1e3).tolist(), mode="lines", name=label,
+            line={"color": color}, customdata=im.per_sm.index.to_numpy()[order].tolist(), legendgroup=label,
+            hovertemplate="SM %{customdata}<br>busy %{y:.1f} µs<extra>%{fullData.name}</extra>"))
+        fig.add_hline(y=im.mean_busy_ns / 1e3, line={"color": color, "dash": "dash", "width": 1})
+    fig.update_layout(
+        title=title or "SM busy time, busiest first (dashed: each schedule's mean)",
+        xaxis={"title": {"text": "SMs, by busy time"}}, yaxis={"title": {"text": "busy (µs)"}, "rangemode": "tozero"},
+        height=380, autosize=True, legend={"title": {"text": "schedule"}}, template="plotly_white",
+        margin={"l": 60, "r": 30, "t": 60, "b": 50})
+    return fig
 
 
 def write_html(fig: go.Figure, path: str | os.PathLike) -> Path:
