@@ -188,6 +188,12 @@ class TraceResult:
     prediction: Any = None  # analyses.predict.Prediction, when asked for
     barriers: Any = None  # analyses.barriers.BarrierAttribution; None for a level-1 recording
 
+    @property
+    def level(self) -> int | None:
+        """The instrumentation level the trace was recorded at (None where it does not say)."""
+        level = self.trace.meta.get("profile_level")
+        return None if level is None else int(level)
+
 
 def analyse_traces(traces: Sequence[Any], *, bins: int = 200, predict: bool = True) -> list[TraceResult]:
     """Occupancy on one shared time axis (equal widths mean equal times in every panel),
@@ -281,11 +287,10 @@ class Report:
         return " / ".join(labels) if labels else "no traces"
 
     def sections(self) -> list[str]:
-        """The sections present, in page order."""
-        have = {"environment": self.environment is not None, "heatmap": bool(self.traces),
-                "barriers": any(t.barriers is not None for t in self.traces),
+        """The sections present, in page order: the findings first, the machine that made them last."""
+        have = {"heatmap": bool(self.traces), "barriers": any(t.barriers is not None for t in self.traces),
                 "spills": self.spills is not None, "ncu": bool(self.ncu), "waterfall": self.waterfall is not None,
-                "bench": self.bench is not None}
+                "bench": self.bench is not None, "environment": self.environment is not None}
         return [k for k, v in have.items() if v]
 
 

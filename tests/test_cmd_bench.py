@@ -275,8 +275,8 @@ def test_waterfall_recorded(tmp_path, recorded):
     out = result.stdout
     assert "hsp Lq=256 max=2048 s=0.5" in out and "recorded on NVIDIA H200 on 2026-12-01" in out
     assert "baseline 400 TFLOPS" in out
-    row = next(line for line in out.splitlines() if line.strip().startswith("no_exp"))
-    assert row.split() == ["no_exp", "0.7500", "0.2500", "25.0%", "0.5000", "0.3750", "37.5%"]
+    row = next(line for line in out.splitlines() if line.strip().startswith("exponentials"))
+    assert row.split() == ["exponentials", "0.7500", "0.2500", "25.0%", "0.5000", "0.3750", "37.5%"]
     assert f"wrote {html}" in out and html.stat().st_size > 1_000_000
     assert "recorded on NVIDIA H200 on 2026-12-01" in html.read_text()
 

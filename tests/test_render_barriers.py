@@ -57,3 +57,19 @@ def test_json():
     assert d["total_cycles"] == 4000 and d["wait_cycles"] == 450
     assert d["sites"][0] == {"site": "full", "role": "consumer", "cycles": 400, "count": 4, "mean_wait_cycles": 100.0,
                              "share": 0.1, "share_of_role": 0.2, "n_ctas": 2, "worst_cta": 0, "worst_cta_cycles": 300}
+
+
+def test_figure_ranks_sites_by_their_largest_share_one_colour_per_recording():
+    import pytest
+
+    from jfa_prof.render.barriers import barriers_figure
+
+    attr = _attr()
+    d = barriers_figure([("a", attr), ("b", attr)], top=1).to_dict()
+    assert [t["name"] for t in d["data"]] == ["a", "b"]
+    top = attr.table.iloc[0]
+    assert list(d["data"][0]["y"]) == [f"{top.site} · {top.role}"]
+    assert d["data"][1]["x"][0] == pytest.approx(100 * top.share)
+    assert "width" not in d["layout"]
+    with pytest.raises(ValueError, match="no barrier waits"):
+        barriers_figure([])

@@ -66,6 +66,33 @@ def test_tables(frame):
     assert len(rows) == 1 + 18  # the point's section, then one summary row per point
     assert rows[1 + 12][:4] == ["hsp", "Lq=256", "max=2048", "s=0.1"]
     assert rows[1 + 12][4:] == ["260", "279", "0.93", "fa4", "279", "0.93"]
+    # Both tables show the ratio of whole calls, and say so: ÷fa4 alone was also used for GPU time.
+    assert out.count("÷fa4 call") == 2 and "÷best call" in out  # the summary's header, the footnote
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.strip().startswith("implementation"))
+    assert lines[header - 1].split() == ["÷fa4", "÷best"] and lines[header].split()[3:5] == ["call", "call"]
+
+
+def test_the_two_ratios_to_fa4_are_named_apart():
+    from jfa_prof.analyses.limits import FitSums, TimeSplit, point_limit
+    from jfa_prof.render.bench import limits_figure, limits_table
+
+    split = TimeSplit(n_ctas=1, makespan_ns=1_000.0, n_tiles=10, n_blocks=10, busy_ns=900.0, a_ns=20.0, b_ns=70.0,
+                      r2=1.0, sums=FitSums())
+    for timer, name in (("gpu_ms", "÷fa4 GPU"), ("ms", "÷fa4 call")):
+        lim = point_limit(split, 1.0, 1.22, 1.5, timer=timer)
+        buf = io.StringIO()
+        limits_table(["a"], [lim], [split], Console(file=buf, width=120, highlight=False))
+        lines = buf.getvalue().splitlines()
+        i = next(i for i, line in enumerate(lines) if "workload" in line)
+        assert lines[i - 1].split() == ["÷fa4"] and lines[i].split()[1] == name.split()[1]
+        hover = limits_figure(["a"], [lim]).to_dict()["data"][0]
+        assert hover["customdata"][0][3] == name and "%{customdata[3]}" in hover["hovertemplate"]
+
+
+def test_tflops_hover_names_the_call_ratio(frame):
+    d = tflops_figure(frame).to_dict()
+    assert all("÷fa4 call" in t["hovertemplate"] and "vs FA4" not in t["hovertemplate"] for t in d["data"])
 
 
 def test_table_shows_failures(frame):
@@ -94,3 +121,17 @@ def test_limits_figure_stacks_the_split_in_units_of_the_allowed_time():
     assert d["layout"]["shapes"][0]["x0"] == 1.0 and "H200" in d["layout"]["title"]["text"]
     with pytest.raises(ValueError, match="no point"):
         limits_figure(["a"], [None])
+
+
+def test_vs_fa4_figure_sets_the_ratio_beside_the_memory():
+    from jfa_prof.render.bench import vs_fa4_figure
+
+    d = vs_fa4_figure(["a", "b"], [0.9, 1.3], [100.0, 200.0], [150.0, 400.0], target=1.5, subtitle="H200").to_dict()
+    ratio, ours, fa4 = d["data"]
+    assert list(ratio["y"]) == ["a", "b"] and list(ratio["x"]) == [0.9, 1.3] and ratio["xaxis"] == "x"
+    assert (ours["name"], list(ours["x"]), ours["xaxis"]) == ("ours", [100.0, 200.0], "x2")
+    assert list(fa4["x"]) == [150.0, 400.0]
+    assert [s["x0"] for s in d["layout"]["shapes"]] == [1.0, 1.5]
+    assert "÷fa4 call" in d["layout"]["annotations"][0]["text"] and "width" not in d["layout"]
+    with pytest.raises(ValueError, match="one ratio"):
+        vs_fa4_figure(["a"], [1.0, 2.0], [1.0], [1.0])

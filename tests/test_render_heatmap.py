@@ -94,6 +94,32 @@ def test_write_html_is_self_contained(tmp_path, tr):
     assert "<html>" in html[:200].lower() and html.rstrip().endswith("</html>")
     assert 'src="https://cdn.plot.ly' not in html
     assert len(html) > 1_000_000  # plotly.js is inlined
+    assert '"responsive": true' in html and "width:100%" in html  # fills the window, follows resizes
+
+
+def test_panels_carry_their_imbalance_figures_and_level(tr):
+    occ = occupancy_matrix(tr.tiles, 3, n_bins=3)
+    im = imbalance(tr.tiles, tr.n_sms)  # makespan 300 µs, mean finish 250 µs, tail 50 µs, idle 44.4%
+    d = heatmap_panels([("clc off", occ), ("predicted", occ)], imbalances=[im, im], levels=[1, None]).to_dict()
+    titles = [a["text"] for a in d["layout"]["annotations"]]
+    assert titles[0].startswith("<b>clc off</b>")
+    for text in ("makespan 300.0 µs", "mean finish 250.0 µs", "tail 50.0 µs", "idle 44.4%", "level 1 (tile records)"):
+        assert text in titles[0], text
+    assert "simulated" in titles[1]
+    # The tail window, mean finish to makespan, shaded on each panel's own axes.
+    tails = [(s["xref"], s["x0"], s["x1"]) for s in d["layout"]["shapes"]]
+    assert tails == [("x", 250.0, 300.0), ("x2", 250.0, 300.0)]
+    # Without figures: the plain labels, as before.
+    plain = heatmap_panels([("clc off", occ)]).to_dict()["layout"]
+    assert [a["text"] for a in plain["annotations"]] == ["clc off"] and not plain.get("shapes")
+    with pytest.raises(ValueError, match="one imbalance"):
+        heatmap_panels([("a", occ)], imbalances=[im, im])
+
+
+def test_three_panels_take_the_width_they_are_given(tr):
+    occ = occupancy_matrix(tr.tiles, 3, n_bins=3)
+    layout = heatmap_panels([("a", occ), ("b", occ), ("c", occ)]).to_dict()["layout"]
+    assert "width" not in layout and layout["autosize"] is True
 
 
 def test_summary_table(tr):
@@ -146,3 +172,15 @@ def test_contrast_line_names_the_schedules_it_compares(tr):
     off = imbalance(tr.tiles, 3)
     line = contrast_line(off, off, names=("static", "dynamic (clc on)"))
     assert line.startswith("dynamic (clc on) vs static: makespan +0.0%")
+
+
+def test_busy_figure_sorts_each_sm_busiest_first_with_its_mean(tr):
+    from jfa_prof.render.heatmap import busy_figure
+
+    im = imbalance(tr.tiles, tr.n_sms)  # SM 0 busy 300 µs, SM 1 200 µs, SM 2 idle
+    d = busy_figure([("clc off", im)]).to_dict()
+    (line,) = d["data"]
+    assert list(line["y"]) == [300.0, 200.0, 0.0] and list(line["customdata"]) == [0, 1, 2]
+    (mean,) = d["layout"]["shapes"]
+    assert mean["y0"] == pytest.approx(500 / 3) and mean["line"]["dash"] == "dash"
+    assert "width" not in d["layout"]

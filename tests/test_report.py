@@ -44,7 +44,7 @@ def test_without_traces_on_a_cpu_the_bundled_recordings_are_used_and_said_to_be(
     assert full_report.origin == "bundled"
     assert "bundled" in full_report.source and "not live" in full_report.source
     assert [r.trace.schedule for r in full_report.traces] == list(SCHEDULE_ORDER)
-    assert full_report.sections() == ["environment", "heatmap", "barriers", "ncu", "waterfall", "bench"]
+    assert full_report.sections() == ["heatmap", "barriers", "ncu", "waterfall", "bench", "environment"]
 
 
 def test_traces_share_one_time_axis_and_carry_their_analyses(full_report):
@@ -92,7 +92,7 @@ def test_newest_result_goes_by_the_recorded_date_not_the_name(tmp_path):
 
 def test_plotly_js_is_inlined_once_and_nothing_is_fetched(full_report, full_html):
     names = [n for n, _ in page.figures(full_report)]
-    assert names == ["heatmap", "finish", "waterfall", "bench-fwd"]
+    assert names == ["heatmap", "finish", "barriers", "ncu-stalls", "waterfall", "bench-fwd"]
     assert full_html.count("* plotly.js v") == 1
     assert full_html.count("Plotly.newPlot(") == len(names)
     assert full_html.count(f'class="{page.FIGURE_CLASS}"') == len(names)
@@ -100,11 +100,62 @@ def test_plotly_js_is_inlined_once_and_nothing_is_fetched(full_report, full_html
     assert not re.search(r'<link[^>]+href="http', full_html)
 
 
+def test_figures_have_no_fixed_width_and_follow_the_page(full_report, full_html):
+    # A fixed 1680 px heatmap was clipped (third panel and colour bar) on a 1600 px screen.
+    for name, fig in page.figures(full_report):
+        layout = fig.to_dict()["layout"]
+        assert "width" not in layout, name
+        assert layout.get("autosize") is True, name
+    assert full_html.count('"responsive": true') == len(page.figures(full_report))
+    divs = re.findall(r'<div id="fig-\d+" class="plotly-graph-div" style="([^"]*)"', full_html)
+    assert len(divs) == len(page.figures(full_report)) and all("width:100%" in d for d in divs)
+
+
+def test_each_section_names_its_workload_and_pass_and_the_environment_comes_last(full_report, full_html):
+    sections = re.findall(r'<section id="([a-z]+)"><h2>[^<]*</h2>(?:<p class="scope">([^<]*)</p>)?', full_html)
+    assert [k for k, _ in sections] == full_report.sections() and sections[-1][0] == "environment"
+    scopes = dict(sections)
+    for key in ("heatmap", "barriers"):
+        assert "workload hsp Lq=256 max=2048 s=0.1 · pass fwd" in scopes[key]
+    assert "pass fwd" in scopes["ncu"] and "fwd_lpt.ncu-rep" in scopes["ncu"]
+    assert scopes["waterfall"].startswith("workload hsp Lq=256 max=2048 s=0.5 · pass fwd")
+    assert scopes["bench"] == "workloads: the 18 points of the hsp grid · pass fwd"
+    assert scopes["environment"] == ""
+
+
+def test_barrier_waits_and_stall_reasons_are_charted(full_report):
+    figs = dict(page.figures(full_report))
+    bars = figs["barriers"].to_dict()
+    assert [t["name"] for t in bars["data"]] == [r.label for r in full_report.traces]
+    top = full_report.traces[0].barriers.table.iloc[0]
+    first = bars["data"][0]
+    assert first["y"][0] == f"{top.site} · {top.role}" and first["x"][0] == pytest.approx(100 * top.share)
+    stalls = figs["ncu-stalls"].to_dict()
+    assert [t["name"] for t in stalls["data"]] == ["fwd_lpt.ncu-rep", "fwd_dynamic.ncu-rep"]
+    assert stalls["data"][0]["y"][0] == "long scoreboard"
+    assert "selected" not in stalls["data"][0]["y"]  # issuing is not a stall
+
+
+def test_heatmap_panels_carry_their_figures_and_level(full_report):
+    heat = dict(page.figures(full_report))["heatmap"].to_dict()["layout"]
+    for r, title in zip(full_report.traces, (a["text"] for a in heat["annotations"])):
+        assert f"makespan {r.imbalance.makespan_ns / 1e3:,.1f} µs" in title
+        assert f"idle {100 * r.imbalance.idle_fraction:.1f}%" in title
+        assert r.level == 2 and "level 2" in title
+
+
 def test_the_page_says_where_its_traces_come_from(full_report, full_html):
     header = full_html[full_html.index("<header>"):full_html.index("</header>")]
     assert 'class="source bundled"' in header and "not live" in header
     for r in full_report.traces:
         assert r.trace.path.name in header
+
+
+def test_tables_are_html_tables_not_terminal_text(full_html):
+    assert "<pre" not in full_html
+    captions = re.findall(r'<table class="data"><caption>(.*?)</caption>', full_html)
+    assert "SM imbalance" in captions and any(c.startswith("barrier waits") for c in captions)
+    assert any("fwd TFLOPS" in c for c in captions)
 
 
 def test_tables_are_the_ones_the_commands_print(full_report, full_html):
@@ -161,7 +212,7 @@ def test_report_command_without_arguments_uses_the_bundled_recordings(tmp_path, 
     assert result.exit_code == 0, result.output
     assert "bundled H200 recordings (not live" in result.stdout
     assert f"wrote {out}" in result.stdout
-    assert out.read_text().count("Plotly.newPlot(") == 2
+    assert out.read_text().count("Plotly.newPlot(") == 3  # heatmap, finish times, barrier waits
 
 
 def test_report_command_logs_its_steps_when_stderr_is_no_terminal(tmp_path, monkeypatch):
@@ -183,7 +234,7 @@ def test_report_command_json(tmp_path):
     data = json.loads(result.stdout)
     assert data["html"] == str(out) and data["origin"] == "bundled"
     assert data["sections"] == ["heatmap", "barriers", "ncu", "waterfall", "bench"]
-    assert data["figures"] == ["heatmap", "finish", "waterfall", "bench-fwd"]
+    assert data["figures"] == ["heatmap", "finish", "barriers", "ncu-stalls", "waterfall", "bench-fwd"]
     assert data["bytes"] == out.stat().st_size
 
 

@@ -330,3 +330,35 @@ def test_cache_misses_follow_the_cache(tmp_path):
     assert cache_misses(variants, cache_dir=tmp_path) == [True]
     compile_many(variants, cache_dir=tmp_path)
     assert cache_misses(variants, cache_dir=tmp_path) == [False]
+
+
+def test_render_table_at_100_columns_breaks_names_between_components_and_titles_the_shared_prefix():
+    names = [f"fwd/bcast/bf16/d64/{s}/{p}/{lv}/n64" for s in ("static", "dynamic") for p in ("peel", "nopeel")
+             for lv in ("noprof", "prof-tiles")]
+    table = analysis.spill_table([_res(n, registers=168) for n in names])
+    console = Console(file=StringIO(), width=100, highlight=False, color_system=None)
+    render.render_table(table, target="sm_90a", console=console)
+    text = console.file.getvalue()
+    assert "variants fwd/bcast/bf16/d64/…" in text and "variant (fwd/bcast/bf16/d64/…)" in text
+    rows = [ln.split()[0] for ln in text.splitlines() if ln.lstrip().startswith(("static/", "dynamic/"))]
+    assert rows == [n.removeprefix("fwd/bcast/bf16/d64/") for n in names]  # whole, on one line each
+    assert all(len(ln) <= 100 for ln in text.splitlines())
+
+    # At 80 columns, narrower than a name: it breaks after a "/", never inside a component.
+    console = Console(file=StringIO(), width=80, highlight=False, color_system=None)
+    render.render_table(analysis.spill_table([_res(n, registers=168) for n in names + ["bwd/x"]]),
+                        target="sm_90a", console=console)
+    lines = console.file.getvalue().splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("fwd/"))
+    cell = lines[first].split()[0]
+    assert cell.endswith("/") and names[0].startswith(cell)
+    assert names[0].startswith(cell + lines[first + 1].split()[0])
+    legend = [ln for ln in lines if "mma flight:" in ln or "every matmul" in ln]
+    assert legend and all(len(ln) <= 80 for ln in lines)
+
+
+def test_wrap_path_and_shared_prefix():
+    assert render.wrap_path("a/bb/ccc/dddd", 7) == "a/bb/\nccc/\ndddd"
+    assert render.wrap_path("averyverylongpart/x", 4) == "averyverylongpart/\nx"
+    assert render.shared_prefix(["fwd/a/x", "fwd/a/y/z"]) == "fwd/a/"
+    assert render.shared_prefix(["fwd/a", "bwd/a"]) == "" and render.shared_prefix(["fwd/a/b"]) == ""

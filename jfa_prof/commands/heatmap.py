@@ -116,7 +116,9 @@ def heatmap(
         # The page travels without the terminal output that says so.
         title += f" · bundled {first.gpu_name.removeprefix('NVIDIA ')} recordings, not live"
     fig = render.heatmap_panels([(p["label"], p["occ"]) for p in panels], title=title,
-                                cols=2 if predict else None)
+                                cols=2 if predict else None, imbalances=[p["imbalance"] for p in panels],
+                                levels=[p["trace"].meta.get("profile_level") if p["kind"] == "measured" else None
+                                        for p in panels])
     render.write_html(fig, out)
 
     warnings = [w for tr in sides.values() for w in tr.warnings]

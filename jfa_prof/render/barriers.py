@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rich import box
 from rich.console import Console
@@ -12,7 +12,10 @@ from rich.table import Table
 
 from jfa_prof.analyses.barriers import BarrierAttribution
 
-__all__ = ["barriers_table", "to_dict", "to_json"]
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+__all__ = ["barriers_figure", "barriers_table", "to_dict", "to_json"]
 
 
 def _pct(x: float) -> str:
@@ -57,8 +60,44 @@ def barriers_table(attr: BarrierAttribution, console: Console, *, top: int | Non
         "kernel time": "% kernel = cycles / (kernel cycles × CTAs × roles): no role spans were recorded",
         "none": "no role spans and no kernel time: shares unknown",
     }[attr.basis]
-    console.print(f"[dim]{escape(basis)}[/]")
+    console.print(f"[dim]{escape(basis)}[/]", soft_wrap=False)
     console.print(f"all waits: {attr.wait_cycles:,.0f} cycles = {_pct(attr.wait_fraction)} of warp-role time")
+
+
+def barriers_figure(results: Sequence[tuple[str, BarrierAttribution]], *, top: int = 10,
+                    title: str = "barrier waits") -> "go.Figure":
+    """The sites that hold the most cycles, as bars of their share of the kernel's warp-role
+    time ("% kernel"), one colour per recording: the ``top`` sites by their largest share in any
+    of them, largest first."""
+    import plotly.graph_objects as go
+
+    results = [(label, attr) for label, attr in results if len(attr.table)]
+    if not results:
+        raise ValueError("no barrier waits to draw")
+    best: dict[tuple[str, str], float] = {}
+    for _, attr in results:
+        for r in attr.table.itertuples(index=False):
+            key = (str(r.site), str(r.role))
+            best[key] = max(best.get(key, 0.0), float(r.share) if not math.isnan(r.share) else 0.0)
+    keys = sorted(best, key=lambda k: -best[k])[:top]
+    names = [f"{site} · {role}" for site, role in keys]
+    fig = go.Figure()
+    for label, attr in results:
+        by = {(str(r.site), str(r.role)): r for r in attr.table.itertuples(index=False)}
+        rows = [by.get(k) for k in keys]
+        fig.add_trace(go.Bar(
+            y=names, x=[100 * float(r.share) if r is not None else 0.0 for r in rows], name=label, orientation="h",
+            customdata=[[_count(r.cycles), _count(r.count), int(r.n_ctas)] if r is not None else ["–", "–", 0]
+                        for r in rows],
+            hovertemplate="%{y}<br>%{x:.2f}% of warp-role time<br>%{customdata[0]} cycles in %{customdata[1]} waits"
+                          "<br>%{customdata[2]} CTAs<extra>%{fullData.name}</extra>"))
+    fig.update_layout(
+        title=title, barmode="group", template="plotly_white", autosize=True,
+        height=160 + 22 * len(names) * max(1, len(results)),
+        xaxis={"title": {"text": "% of warp-role time spent waiting there"}, "rangemode": "tozero"},
+        yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": -0.12, "title": {"text": "recording"}},
+        margin={"l": 150, "r": 30, "t": 60, "b": 60})
+    return fig
 
 
 def to_dict(attr: BarrierAttribution) -> dict[str, Any]:

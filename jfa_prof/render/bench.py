@@ -18,9 +18,20 @@ from rich.table import Table
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["bench_table", "facets", "impl_order", "limits_figure", "limits_table", "roofline_table", "summary_table",
-           "tflops_figure"]
+__all__ = ["BEST_CALL", "FA4_CALL", "FA4_GPU", "bench_table", "facets", "impl_order", "limits_figure", "limits_table",
+           "ratio_name", "roofline_table", "summary_table", "tflops_figure", "vs_fa4_figure"]
 
+# Two different ratios to FA4 are shown, and they can differ twofold at one point (0.55 and 1.22):
+# over whole calls (``ms``: the host's work in each call included) and over GPU time alone
+# (``gpu_ms``, what ``--limits`` takes). Every table and chart names which one it shows.
+FA4_CALL = "÷fa4 call"
+FA4_GPU = "÷fa4 GPU"
+BEST_CALL = "÷best call"
+
+
+def ratio_name(timer: str = "ms") -> str:
+    """The name of the ratio to FA4 measured by ``timer`` (``"ms"`` or ``"gpu_ms"``)."""
+    return FA4_GPU if timer == "gpu_ms" else FA4_CALL
 
 
 def impl_order(frame: pd.DataFrame, impls: Sequence[str] | None = None) -> list[str]:
@@ -80,7 +91,7 @@ def tflops_figure(frame: pd.DataFrame, *, impls: Sequence[str] | None = None, ti
                     marker={"size": 7 if ours else 5},
                     customdata=d[["ms", "ratio_vs_fa4"]].to_numpy().tolist(),
                     hovertemplate=(f"{escape_html(name)}<br>s=%{{x}}<br>%{{y:.0f}} TFLOPS<br>%{{customdata[0]:.4f}} ms"
-                                   "<br>vs FA4 ×%{customdata[1]:.2f}<extra></extra>"),
+                                   f"<br>{FA4_CALL} %{{customdata[1]:.2f}}<extra></extra>"),
                 ), row=ri + 1, col=ci + 1)
             fig.update_xaxes(title_text="sparsity (mean length / max)" if ri == len(rows) - 1 else None,
                              row=ri + 1, col=ci + 1)
@@ -88,7 +99,7 @@ def tflops_figure(frame: pd.DataFrame, *, impls: Sequence[str] | None = None, ti
     head = title or "attention TFLOPS by sparsity"
     fig.update_layout(
         title={"text": head + (f"<br><sup>{subtitle}</sup>" if subtitle else "")},
-        height=max(420, 330 * len(rows) + 120), width=max(720, 380 * len(cols)),
+        height=max(420, 330 * len(rows) + 120), autosize=True,
         legend={"title": {"text": "implementation"}}, hovermode="closest",
         margin={"l": 60, "r": 30, "t": 100, "b": 60},
     )
@@ -127,10 +138,12 @@ def bench_table(frame: pd.DataFrame, console: Console, *, impls: Sequence[str] |
     """Every implementation at every point, a section per point: median ms, TFLOPS, ratio to
     FA4, host and GPU time per call, peak memory of one call, relative error; failures in red."""
     names = impl_order(frame, impls)
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for name, justify in (("implementation", "left"), ("ms", "right"), ("TFLOPS", "right"), ("÷fa4", "right"),
-                          ("host µs", "right"), ("GPU µs", "right"), ("mem MB", "right"), ("rel err", "right")):
-        # A narrow terminal wraps the points' labels, never the figures.
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    # Headers on two lines and the best peer's ratio left to the summary: the table keeps to 80
+    # columns; a narrow terminal wraps the points' labels, never the figures.
+    for name, justify in (("implementation", "left"), ("ms", "right"), ("TFLOPS", "right"),
+                          (FA4_CALL.replace(" ", "\n"), "right"), ("host\nµs", "right"), ("GPU\nµs", "right"),
+                          ("mem MB", "right"), ("rel err", "right")):
         table.add_column(name, justify=justify, no_wrap=name != "implementation")
     errors: list[str] = []
     for i, (label, point) in enumerate(frame.groupby("label", sort=False)):
@@ -150,9 +163,9 @@ def bench_table(frame: pd.DataFrame, console: Console, *, impls: Sequence[str] |
                           _num(r.host_us, ".0f"), _num(r.gpu_ms * 1e3, ".0f"),
                           _num(r.peak_mem_mb, ",.0f"), _num(r.rel_err, ".1e"))
     console.print(table)
-    console.print("[dim]ms: do_bench median per call; ÷fa4: that time divided into FA4's (above 1 is faster; the "
-                  "summary below has the best peer's); host µs: host time per call with 50 calls enqueued back to back; GPU µs: "
-                  "GPU work per call, host gaps left out (a diagnostic)[/]")
+    console.print(f"[dim]ms: do_bench median per call; {FA4_CALL}: that time divided into FA4's (above 1 is "
+                  f"faster; the summary has {BEST_CALL}); host µs: host time per call with 50 calls enqueued back to "
+                  "back; GPU µs: GPU work per call, host gaps left out (a diagnostic)[/]", soft_wrap=False)
     for e in errors:
         console.print(f"[red]failed[/] {escape(e)}")
 
@@ -164,8 +177,8 @@ def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = N
     names = impl_order(frame)
     ours = _ours(frame, names, ours)
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in (("workload", "left"), (ours or "ours", "right"), ("fa4", "right"), ("÷fa4", "right"),
-                          ("best peer", "right"), ("÷best", "right")):
+    for name, justify in (("workload", "left"), (ours or "ours", "right"), ("fa4", "right"), (FA4_CALL, "right"),
+                          ("best peer", "right"), (BEST_CALL, "right")):
         table.add_column(escape(name), justify=justify, no_wrap=True)
     for label, point in frame.groupby("label", sort=False):
         by = {r.impl: r for r in point.itertuples(index=False)}
@@ -201,7 +214,7 @@ def roofline_table(frame: pd.DataFrame, console: Console, *, ours: str | None = 
                       _num(first["floor_ms"], ".3f"), _pct(getattr(by.get(ours), "roof", None)),
                       _pct(getattr(by.get("fa4"), "roof", None)))
     console.print(table)
-    console.print(f"[dim]{ROOF_NOTE}[/]")
+    console.print(f"[dim]{ROOF_NOTE}[/]", soft_wrap=False)
 
 
 LIMITS_NOTE = ("From one recording of our kernel per point (tile records only): each tile's start-to-start time on its "
@@ -226,7 +239,10 @@ def limits_table(labels: Sequence[str], limits: Sequence, splits: Sequence, cons
                                       for _, lim, _ in shown))
     table = Table(title=f"{title} · target {targets} FA4 · {timers}", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False)
-    for name in ("workload", "÷fa4", "blocks", "tile", "idle", "µs/blk", "limit"):
+    # On two lines ("÷fa4" over "GPU"), so the table keeps to 80 columns.
+    ratio = "÷fa4\n" + " / ".join(ratio_name(t).removeprefix("÷fa4 ")
+                                   for t in dict.fromkeys(lim.timer for _, lim, _ in shown))
+    for name in ("workload", ratio, "blocks", "tile", "idle", "µs/blk", "limit"):
         table.add_column(name, justify="left" if name in ("workload", "limit") else "right", no_wrap=True)
     for label, lim, split in shown:
         style = "green" if lim.limit == "met" else "red" if lim.limit in ("blocks", "busy") else "yellow"
@@ -238,7 +254,7 @@ def limits_table(labels: Sequence[str], limits: Sequence, splits: Sequence, cons
                       _pct(split.tile_share) if split.separable else "–", _pct(split.idle_share),
                       _num(split.b_ns / 1e3, ".2f") if split.separable else "–", f"[{style}]{verdict}[/]")
     console.print(table)
-    console.print(f"[dim]{LIMITS_NOTE}[/]")
+    console.print(f"[dim]{LIMITS_NOTE}[/]", soft_wrap=False)
 
 
 _PARTS = (("blocks", "blocks_ms", "#1f77b4"), ("per tile", "tile_ms", "#ff7f0e"), ("idle", "idle_ms", "#7f7f7f"))
@@ -259,12 +275,45 @@ def limits_figure(labels: Sequence[str], limits: Sequence, *, title: str = "what
     for part, attr, color in _PARTS:
         fig.add_trace(go.Bar(y=names, x=[getattr(lim, attr) / lim.allowed_ms for _, lim in shown], name=part,
                              orientation="h", marker_color=color,
-                             customdata=[[getattr(lim, attr), lim.limit] for _, lim in shown],
+                             customdata=[[getattr(lim, attr), lim.limit, lim.ratio, ratio_name(lim.timer)]
+                                         for _, lim in shown],
                              hovertemplate="%{y}<br>" + part + ": %{customdata[0]:.3f} ms<br>limit: %{customdata[1]}"
-                                           "<extra></extra>"))
+                                           "<br>%{customdata[3]} %{customdata[2]:.2f}<extra></extra>"))
     fig.add_vline(x=1.0, line_dash="dash", line_color="black")
     fig.update_layout(barmode="stack", height=120 + 26 * len(names), template="plotly_white",
                       title=title + (f"<br><sup>{escape_html(subtitle)}</sup>" if subtitle else ""),
                       xaxis_title="our time ÷ the time the target allows", yaxis_autorange="reversed",
                       legend_orientation="h", legend_y=-0.15)
+    return fig
+
+
+def vs_fa4_figure(labels: Sequence[str], ratios: Sequence[float], ours_mb: Sequence[float],
+                  fa4_mb: Sequence[float], *, ratio_name: str = FA4_CALL, target: float | None = None,
+                  title: str = "against FA4", subtitle: str | None = None) -> "go.Figure":
+    """A row per point: our ratio to FA4 (left, the line at 1 is FA4's speed, dashed the target)
+    and the peak memory of one call, ours beside FA4's (right)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    labels = [str(x) for x in labels]
+    if not labels:
+        raise ValueError("no points to draw")
+    if not len(labels) == len(ratios) == len(ours_mb) == len(fa4_mb):
+        raise ValueError("one ratio and two memory figures per point")
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.03, column_widths=[0.5, 0.5],
+                        subplot_titles=[f"{ratio_name} (above 1: faster than FA4)", "peak memory of one call (MB)"])
+    fig.add_trace(go.Bar(y=labels, x=list(ratios), orientation="h", name=ratio_name, marker_color="#1f77b4",
+                         hovertemplate="%{y}<br>" + ratio_name + " %{x:.2f}<extra></extra>", showlegend=False),
+                  row=1, col=1)
+    fig.add_vline(x=1.0, line={"color": "black", "width": 1}, row=1, col=1)
+    if target is not None:
+        fig.add_vline(x=target, line={"color": "#d62728", "dash": "dash", "width": 1}, row=1, col=1,
+                      annotation_text=f"target {target:g}×", annotation_position="top")
+    for name, values, color in (("ours", ours_mb, "#1f77b4"), ("fa4", fa4_mb, "#7f7f7f")):
+        fig.add_trace(go.Bar(y=labels, x=list(values), orientation="h", name=name, marker_color=color,
+                             hovertemplate="%{y}<br>" + name + " %{x:,.0f} MB<extra></extra>"), row=1, col=2)
+    fig.update_layout(
+        title=title + (f"<br><sup>{escape_html(subtitle)}</sup>" if subtitle else ""), barmode="group",
+        template="plotly_white", autosize=True, height=140 + 28 * len(labels), yaxis={"autorange": "reversed"},
+        legend={"orientation": "h", "y": -0.08, "title": {"text": "memory"}}, margin={"l": 200, "r": 30, "t": 90, "b": 60})
     return fig

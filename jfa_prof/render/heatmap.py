@@ -23,10 +23,28 @@ from jfa_prof.analyses.occupancy import Occupancy
 from jfa_prof.analyses.predict import CostModel, PredictionComparison
 from jfa_prof.files import write_atomic
 
-__all__ = ["comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text", "summary_table",
-           "tail_details", "write_html"]
+__all__ = ["LEVEL_NAMES", "busy_figure", "comparison_table", "contrast_line", "heatmap_figure", "heatmap_panels", "hover_text",
+           "level_name", "panel_caption", "summary_table", "tail_details", "write_html"]
 
 COLORSCALE = "Viridis"  # idle is dark, so a tail of idle SMs reads as a dark wedge
+TAIL_COLOR = "rgba(255, 255, 255, 0.18)"  # the tail window, light over the dark idle cells it covers
+
+# What each instrumentation level records. The level changes the kernel's timing (notebook 3),
+# so a chart without it cannot be read against another.
+LEVEL_NAMES = {0: "uninstrumented", 1: "level 1 (tile records)", 2: "level 2 (tiles + barrier waits)"}
+
+
+def level_name(level: int | None) -> str:
+    """How a chart names the instrumentation level a recording was made at (None: a simulation)."""
+    if level is None:
+        return "simulated"
+    return LEVEL_NAMES.get(int(level), f"level {level}")
+
+
+def panel_caption(im: Imbalance, level: int | None = None) -> str:
+    """The imbalance figures a panel carries under its title (plotly HTML, two lines)."""
+    return (f"makespan {_us(im.makespan_ns)} · mean finish {_us(im.mean_finish_ns)}<br>"
+            f"tail {_us(im.tail_ns)} · idle {_pct(im.idle_fraction)} · {level_name(level)}")
 _HOVER = "SM %{y} · %{x:.1f} µs<br>busy %{z:.0%}<br>%{text}<extra>%{fullData.name}</extra>"
 
 
@@ -47,14 +65,26 @@ def hover_text(occ: Occupancy) -> np.ndarray:
 
 
 def heatmap_panels(panels: Sequence[tuple[str, Occupancy]], *, title: str | None = None,
-                   cols: int | None = None) -> go.Figure:
-    """One heatmap per (label, occupancy), laid out ``cols`` per row (default: all in one row)."""
+                   cols: int | None = None, imbalances: Sequence[Imbalance | None] | None = None,
+                   levels: Sequence[int | None] | None = None) -> go.Figure:
+    """One heatmap per (label, occupancy), laid out ``cols`` per row (default: all in one row).
+
+    With ``imbalances`` (one per panel, or None), each panel is captioned with its makespan, mean
+    finish, tail and idle fraction, and the instrumentation level of ``levels`` it was recorded
+    at; its tail window (mean finish to makespan) is shaded."""
     if not panels:
         raise ValueError("no panels to draw")
+    imbalances = list(imbalances) if imbalances is not None else [None] * len(panels)
+    levels = list(levels) if levels is not None else [None] * len(panels)
+    if len(imbalances) != len(panels) or len(levels) != len(panels):
+        raise ValueError("one imbalance and one level per panel")
     cols = cols or len(panels)
     rows = math.ceil(len(panels) / cols)
-    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=[p[0] for p in panels],
-                        horizontal_spacing=0.03 if cols > 1 else 0.0, vertical_spacing=0.08)
+    titles = [f"<b>{label}</b><br><sup>{panel_caption(im, lv)}</sup>" if im is not None else label
+              for (label, _), im, lv in zip(panels, imbalances, levels)]
+    captioned = any(im is not None for im in imbalances)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=titles,
+                        horizontal_spacing=0.03 if cols > 1 else 0.0, vertical_spacing=0.14 if captioned else 0.08)
     n_sms = max(occ.n_sms for _, occ in panels)
     t_end_us = max(float(occ.edges_ns[-1]) for _, occ in panels) / 1e3
     for i, (label, occ) in enumerate(panels):
@@ -66,13 +96,17 @@ def heatmap_panels(panels: Sequence[tuple[str, Occupancy]], *, title: str | None
         fig.update_xaxes(range=[0, t_end_us], title_text="time since first tile (µs)" if r == rows - 1 else None,
                          row=r + 1, col=c + 1)
         fig.update_yaxes(range=[n_sms - 0.5, -0.5], title_text="SM" if c == 0 else None, row=r + 1, col=c + 1)
+        im = imbalances[i]
+        if im is not None and not math.isnan(im.mean_finish_ns) and im.tail_ns > 0:
+            fig.add_vrect(x0=im.mean_finish_ns / 1e3, x1=im.makespan_ns / 1e3, fillcolor=TAIL_COLOR, line_width=0,
+                          layer="above", row=r + 1, col=c + 1)
     fig.update_layout(
         title=title,
         coloraxis={"colorscale": COLORSCALE, "cmin": 0.0, "cmax": 1.0,
                    "colorbar": {"title": {"text": "busy"}, "tickformat": ".0%"}},
         height=max(420, rows * (150 + 3 * n_sms)),
-        width=max(700, 560 * cols),
-        margin={"l": 60, "r": 30, "t": 80, "b": 50},
+        autosize=True,  # no fixed width: the panels share whatever width the page gives them
+        margin={"l": 60, "r": 30, "t": 120 if captioned else 80, "b": 50},
     )
     return fig
 
@@ -81,9 +115,37 @@ def heatmap_figure(occ: Occupancy, *, label: str = "", title: str | None = None)
     return heatmap_panels([(label, occ)], title=title)
 
 
+def busy_figure(results: Sequence[tuple[str, Imbalance]], *, title: str | None = None) -> go.Figure:
+    """Every SM's busy time, busiest first, a line per result, its mean dashed in the same colour:
+    a balanced schedule is a flat line on its mean; max/mean busy is the left end over the dash."""
+    from plotly.colors import qualitative
+
+    if not results:
+        raise ValueError("no results to draw")
+    fig = go.Figure()
+    for i, (label, im) in enumerate(results):
+        color = qualitative.D3[i % len(qualitative.D3)]
+        busy = im.per_sm["busy_ns"].to_numpy(np.float64)
+        order = np.argsort(-busy, kind="stable")
+        fig.add_trace(go.Scatter(
+            x=np.arange(len(order)).tolist(), y=(busy[order] / 1e3).tolist(), mode="lines", name=label,
+            line={"color": color}, customdata=im.per_sm.index.to_numpy()[order].tolist(), legendgroup=label,
+            hovertemplate="SM %{customdata}<br>busy %{y:.1f} µs<extra>%{fullData.name}</extra>"))
+        fig.add_hline(y=im.mean_busy_ns / 1e3, line={"color": color, "dash": "dash", "width": 1})
+    fig.update_layout(
+        title=title or "SM busy time, busiest first (dashed: each schedule's mean)",
+        xaxis={"title": {"text": "SMs, by busy time"}}, yaxis={"title": {"text": "busy (µs)"}, "rangemode": "tozero"},
+        height=380, autosize=True, legend={"title": {"text": "schedule"}}, template="plotly_white",
+        margin={"l": 60, "r": 30, "t": 60, "b": 50})
+    return fig
+
+
 def write_html(fig: go.Figure, path: str | os.PathLike) -> Path:
-    """A self-contained page (plotly.js inlined), so it opens offline and can be attached anywhere."""
-    return write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True))
+    """A self-contained page (plotly.js inlined), so it opens offline and can be attached anywhere;
+    the figure fills the window and follows its resizes. Written aside and moved in (`write_atomic`)."""
+    from jfa_prof.render.figures import CONFIG
+
+    return write_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True, config=CONFIG, default_width="100%"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +207,7 @@ def tail_details(results: Sequence[tuple[str, Imbalance]], console: Console, *, 
         if len(im.critical_sms):
             sms = ", ".join(f"{int(r.smid)} (+{r.over_mean_ns / 1e3:.1f} µs)"
                             for r in im.critical_sms.itertuples())
-            console.print(f"[bold]{escape(label)}[/] SMs on the tail (finish after the mean): {sms}")
+            console.print(f"[bold]{escape(label)}[/] SMs on the tail (finish after the mean): {sms}", soft_wrap=False)
         if len(im.last_tiles):
             last = Table(title=f"{label}: tiles that end last", title_justify="left")
             for c in ("smid", "tile", "batch", "head", "kv_len", "start", "end"):

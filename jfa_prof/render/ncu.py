@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Sequence, TextIO
 
 from rich import box
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.table import Table
 
 from jfa_prof import ncu_metrics
 from jfa_prof.analyses.ncu import MetricInfo, NcuComparison, NcuKernel, NcuReport, describe, stall_breakdown
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 # Display order of the metric groups; a group's rows stay together under one rule.
 _GROUPS = ("time", "throughput", "memory", "imbalance", "launch", "stalls")
@@ -208,6 +211,39 @@ def render_comparison(cmp: NcuComparison, *, top: int = DEFAULT_TOP, console: Co
 
 
 # ---- JSON ----------------------------------------------------------------------------------
+
+def stalls_figure(kernels: Sequence[tuple[str, NcuKernel]], *, top: int = DEFAULT_TOP,
+                  title: str = "warp stall reasons") -> "go.Figure":
+    """Where a warp's cycles between two issued instructions go, one colour per kernel: the
+    ``top`` stall reasons by their largest value in any of them, in warp cycles per issued
+    instruction (ncu's unit, so kernels of different lengths compare)."""
+    import plotly.graph_objects as go
+
+    frames = [(label, stall_breakdown(k)) for label, k in kernels]
+    frames = [(label, f[f["stall"]]) for label, f in frames if len(f)]
+    if not frames:
+        raise ValueError("no stall reasons to draw (collect them with --section WarpStateStats)")
+    best: dict[str, float] = {}
+    for _, f in frames:
+        for r in f.itertuples(index=False):
+            best[r.reason] = max(best.get(r.reason, 0.0), float(r.cycles))
+    reasons = sorted(best, key=lambda k: -best[k])[:top]
+    fig = go.Figure()
+    for label, f in frames:
+        by = {r.reason: r for r in f.itertuples(index=False)}
+        fig.add_trace(go.Bar(
+            y=[r.replace("_", " ") for r in reasons], x=[float(by[r].cycles) if r in by else 0.0 for r in reasons],
+            customdata=[100 * float(by[r].share) if r in by else 0.0 for r in reasons], name=label, orientation="h",
+            hovertemplate="%{y}: %{x:.2f} cycles per issued instruction<br>%{customdata:.1f}% of the warp's cycles"
+                          "<extra>%{fullData.name}</extra>"))
+    fig.update_layout(
+        title=title, barmode="group", template="plotly_white", autosize=True,
+        height=160 + 22 * len(reasons) * max(1, len(frames)),
+        xaxis={"title": {"text": "warp cycles per issued instruction"}, "rangemode": "tozero"},
+        yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": -0.12, "title": {"text": "report"}},
+        margin={"l": 150, "r": 30, "t": 60, "b": 60})
+    return fig
+
 
 def _plain(v: Any) -> Any:
     if _missing(v):

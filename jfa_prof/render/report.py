@@ -9,7 +9,6 @@ can be mailed, attached to an issue or opened offline.
 from __future__ import annotations
 
 import html
-import io
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -26,8 +25,6 @@ __all__ = ["FIGURE_CLASS", "finish_figure", "figures", "report_html", "rich_html
 # Every figure sits in a <div class="FIGURE_CLASS" data-figure="name">: the browser test finds
 # them by it, and checks plotly drew into each.
 FIGURE_CLASS = "jfa-figure"
-# Wide enough for the heatmap's summary table with three traces side by side.
-TABLE_WIDTH = 120
 
 _CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 0 auto; max-width: 1800px;
@@ -40,10 +37,20 @@ p.source { padding: 6px 10px; background: #eef5ff; border-left: 4px solid #3b7dd
 p.source.bundled { background: #fff6e0; border-left-color: #e0a000; }
 p.note { padding: 6px 10px; background: #fdecea; border-left: 4px solid #d62728; }
 p.meta, p.intro { color: #555; }
+p.scope { margin: 2px 0 6px; font-weight: 600; color: #333; }
 nav ul { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 14px; }
 pre.rich { font-family: Menlo, "DejaVu Sans Mono", Consolas, monospace; font-size: 12.5px; line-height: 1.3;
            background: #fafafa; border: 1px solid #eee; padding: 8px 10px; overflow-x: auto; }
 div.jfa-figure { overflow-x: auto; margin: 8px 0 16px; }
+div.printed { overflow-x: auto; }
+table.data { border-collapse: collapse; font-size: 13px; margin: 12px 0 4px; font-variant-numeric: tabular-nums; }
+table.data caption { text-align: left; font-weight: bold; padding: 4px 0; caption-side: top; }
+table.data th { border-bottom: 2px solid #ccc; padding: 3px 10px; text-align: left; white-space: pre-line;
+                vertical-align: bottom; }
+table.data td { border-bottom: 1px solid #eee; padding: 2px 10px; white-space: nowrap; }
+table.data tbody + tbody { border-top: 2px solid #ddd; }
+table.data .num { text-align: right; } table.data .mid { text-align: center; }
+p.line { margin: 2px 0 4px; font-size: 13px; max-width: 110ch; }
 table.checks { border-collapse: collapse; font-size: 13px; }
 table.checks th, table.checks td { border: 1px solid #ddd; padding: 4px 8px; vertical-align: top; text-align: left; }
 td.ok { color: #1a7f37; } td.warn { color: #9a6700; } td.fail { color: #cf222e; font-weight: bold; }
@@ -67,12 +74,11 @@ _TITLES = {"environment": "Environment", "heatmap": "SM heatmap and imbalance", 
            "bench": "Against FlashAttention-4"}
 
 
-def rich_html(draw: Callable[[Console], Any], *, width: int = TABLE_WIDTH) -> str:
-    """What ``draw(console)`` prints, as a styled ``<pre>`` block (inline styles, no stylesheet)."""
-    console = Console(record=True, file=io.StringIO(), width=width, highlight=False, soft_wrap=True,
-                      color_system="truecolor")
-    draw(console)
-    return console.export_html(inline_styles=True, code_format='<pre class="rich"><code>{code}</code></pre>')
+def rich_html(draw: Callable[[Console], Any]) -> str:
+    """What ``draw(console)`` prints, as HTML tables and paragraphs (:mod:`jfa_prof.render.html`)."""
+    from jfa_prof.render.html import capture_html
+
+    return capture_html(draw)
 
 
 def finish_figure(results: Sequence[TraceResult], *, title: str | None = None) -> go.Figure:
@@ -90,7 +96,7 @@ def finish_figure(results: Sequence[TraceResult], *, title: str | None = None) -
     fig.update_layout(
         title=title or "SM finish times, latest first",
         xaxis={"title": {"text": "SMs, by finish time"}}, yaxis={"title": {"text": "last tile end (µs)"}},
-        height=380, width=900, legend={"title": {"text": "trace"}}, margin={"l": 60, "r": 30, "t": 60, "b": 50})
+        height=380, autosize=True, legend={"title": {"text": "trace"}}, margin={"l": 60, "r": 30, "t": 60, "b": 50})
     return fig
 
 
@@ -103,8 +109,24 @@ def figures(report: Report) -> list[tuple[str, go.Figure]]:
         first = report.traces[0].trace
         out.append(("heatmap", heatmap.heatmap_panels(
             [(r.label, r.occupancy) for r in report.traces],
-            title=f"SM occupancy · {report.workload_label} · {first.gpu_name}")))
+            title=f"SM occupancy · {report.workload_label} · {first.gpu_name}",
+            imbalances=[r.imbalance for r in report.traces], levels=[r.level for r in report.traces])))
         out.append(("finish", finish_figure(report.traces)))
+    waits = [(r.label, r.barriers) for r in report.traces if r.barriers is not None and len(r.barriers.table)]
+    if waits:
+        from jfa_prof.render import barriers
+
+        out.append(("barriers", barriers.barriers_figure(
+            waits, title=f"barrier waits · {report.workload_label} · {_trace_pass(report)}")))
+    if report.ncu:
+        from jfa_prof.analyses.ncu import stall_breakdown
+        from jfa_prof.render import ncu
+
+        kernels = [(Path(rep.path).name if len(rep.kernels) == 1 else f"{Path(rep.path).name} · {k.name}", k)
+                   for rep in report.ncu for k in rep.kernels]
+        if any(stall_breakdown(k)["stall"].any() for _, k in kernels if len(stall_breakdown(k))):
+            out.append(("ncu-stalls", ncu.stalls_figure(
+                kernels, title=f"warp stall reasons · {', '.join(_ncu_passes(report))} kernel")))
     if report.waterfall is not None:
         from jfa_prof.render import waterfall
 
@@ -133,6 +155,36 @@ def figures(report: Report) -> list[tuple[str, go.Figure]]:
 
 
 # ---- sections ------------------------------------------------------------------------------
+
+def _trace_pass(report: Report) -> str:
+    return " / ".join(dict.fromkeys(r.trace.kernel_label.split("/")[0] for r in report.traces)) or "?"
+
+
+def _ncu_passes(report: Report) -> list[str]:
+    # The kernels are named _jfa_fwd / _jfa_bwd; a report of another kernel keeps its own name.
+    return list(dict.fromkeys(k.name.removeprefix("_jfa_") for rep in report.ncu for k in rep.kernels))
+
+
+def _scope(report: Report, key: str) -> str | None:
+    """The workload and pass a section shows, in the words the page prints under its heading."""
+    if key in ("heatmap", "barriers"):
+        return f"workload {report.workload_label} · pass {_trace_pass(report)} · {len(report.traces)} recording(s)"
+    if key == "spills":
+        passes = " / ".join(dict.fromkeys(str(v).split("/")[0] for v in report.spills["variant"]))
+        return f"no workload: compiled, not run (for {report.spills_target}) · pass {passes}"
+    if key == "ncu":
+        return ("workload as profiled (an ncu report does not record it) · pass "
+                + " / ".join(_ncu_passes(report)) + " · " + ", ".join(Path(r.path).name for r in report.ncu))
+    if key == "waterfall":
+        rec, wf = report.waterfall
+        return f"workload {rec.label or '?'} · pass {wf.pass_} · {rec.schedule} schedule"
+    if key == "bench":
+        frame = report.bench.frame()
+        grids = "/".join(dict.fromkeys(str(g) for g in frame["grid"]))
+        passes = " / ".join(dict.fromkeys(str(r.get("pass", "fwd")) for r in report.bench.records))
+        return f"workloads: the {frame['label'].nunique()} points of the {grids} grid · pass {passes}"
+    return None
+
 
 def _environment(report: Report) -> list[str]:
     from jfa_prof.render import doctor
@@ -220,8 +272,10 @@ def _bench_tables(report: Report) -> str:
 
 
 def _figure_div(n: int, name: str, fig: go.Figure) -> str:
-    body = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{n}",
-                       config={"displaylogo": False, "responsive": False})
+    from jfa_prof.render.figures import CONFIG
+
+    body = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{n}", config=CONFIG,
+                       default_width="100%")
     return f'<div class="{FIGURE_CLASS}" data-figure="{html.escape(name)}">{body}</div>'
 
 
@@ -243,14 +297,13 @@ def report_html(report: Report) -> str:
         elif key == "heatmap":
             blocks = [fig("heatmap"), fig("finish"), _heatmap_tables(report)]
         elif key == "barriers":
-            blocks = _barrier_tables(report)
+            blocks = ([fig("barriers")] if "barriers" in figs else []) + _barrier_tables(report)
         elif key == "spills":
             from jfa_prof.render import spills
 
             blocks = [rich_html(lambda c: spills.render_table(report.spills, target=report.spills_target, console=c))]
         elif key == "ncu":
-            blocks = [f"<p class=\"meta\">{html.escape(', '.join(r.path for r in report.ncu))}</p>",
-                      *_ncu_tables(report)]
+            blocks = [*([fig("ncu-stalls")] if "ncu-stalls" in figs else []), *_ncu_tables(report)]
         elif key == "waterfall":
             from jfa_prof.render import waterfall
 
@@ -267,8 +320,11 @@ def report_html(report: Report) -> str:
         intros["heatmap"] += (" The prediction re-runs each recording's own work list through the CPU simulator, "
                               "with a cost model fitted to that recording.")
     nav = "".join(f'<li><a href="#{k}">{html.escape(_TITLES[k])}</a></li>' for k in body)
+    scopes = {k: _scope(report, k) for k in body}
     sections = "".join(
-        f'<section id="{k}"><h2>{html.escape(_TITLES[k])}</h2><p class="intro">{html.escape(intros[k])}</p>'
+        f'<section id="{k}"><h2>{html.escape(_TITLES[k])}</h2>'
+        + (f'<p class="scope">{html.escape(scopes[k])}</p>' if scopes[k] else "")
+        + f'<p class="intro">{html.escape(intros[k])}</p>'
         + "".join(blocks) + "</section>" for k, blocks in body.items())
     notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in report.notes)
     source_class = "source bundled" if report.origin == "bundled" else "source"

@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from jfa_prof.analyses.spills import SpillComparison
 
@@ -47,6 +48,33 @@ def _console(console: Console | None, file: TextIO | None, width: int | None) ->
     return console if console is not None else Console(file=file, width=width, highlight=False)
 
 
+def shared_prefix(names: list[str]) -> str:
+    """The leading ``/``-separated components every name shares (``"fwd/bcast/"``), leaving each at
+    least its last component; "" when there is one name or none is shared."""
+    if len(names) < 2:
+        return ""
+    parts = [n.split("/") for n in names]
+    shared = []
+    for column in zip(*(p[:-1] for p in parts)):
+        if len(set(column)) != 1:
+            break
+        shared.append(column[0])
+    return "/".join(shared) + "/" if shared else ""
+
+
+def wrap_path(name: str, width: int) -> str:
+    """``name`` on lines of at most ``width`` cells, each broken after a ``/``, so no component is
+    cut in two (one longer than a line is left whole, for the table to fold)."""
+    parts = name.split("/")
+    tokens = [p + "/" for p in parts[:-1]] + [parts[-1]]
+    lines = [""]
+    for token in tokens:
+        if lines[-1] and len(lines[-1]) + len(token) > width:
+            lines.append("")
+        lines[-1] += token
+    return "\n".join(lines)
+
+
 def _missing(v: Any) -> bool:
     return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
 
@@ -72,12 +100,16 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
     out = _console(console, file, width)
     n_spill = int((table["spill_bytes"].fillna(0) > 0).sum())
     n_failed = int(table["error"].notna().sum())
+    # The components every variant shares go into the title once, not into every row.
+    prefix = shared_prefix([str(v) for v in table["variant"]])
     title = f"registers and spills, {target}: {n_spill} of {len(table)} variants spill"
     if n_failed:
         title += f", {n_failed} failed to compile"
+    if prefix:
+        title += f" · variants {prefix}…"
     t = Table(title=escape(title), title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
               collapse_padding=True, pad_edge=False)
-    t.add_column("variant", overflow="fold", min_width=14)
+    t.add_column(f"variant ({prefix}…)" if prefix else "variant", overflow="fold", min_width=14)
     for m in _TABLE_METRICS:
         t.add_column(_LABELS[m], justify="right", no_wrap=True)
     t.add_column("build\ns", justify="right", no_wrap=True)
@@ -87,11 +119,13 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
     def marks(texts: list[str]) -> str:
         return "".join(f" \\[{notes.setdefault(x, len(notes) + 1)}]" for x in texts)
 
+    rows: list[tuple[str, str, list[str], str]] = []  # (variant shown, its style, metric cells, its marks)
     for row in table.itertuples(index=False):
         r = row._asdict()
+        shown = str(r["variant"]).removeprefix(prefix)
         if not _missing(r["error"]):
-            name = f"[bold red]{escape(r['variant'])}[/]{marks(['failed: ' + str(r['error'])])}"
-            t.add_row(name, *["-"] * len(_TABLE_METRICS), "-")
+            rows.append((shown, "bold red", [*["-"] * len(_TABLE_METRICS), "-"],
+                         marks(["failed: " + str(r["error"])])))
             continue
         cells = [_fmt(m, r[m]) for m in _TABLE_METRICS]
         spills = not _missing(r["spill_bytes"]) and r["spill_bytes"] > 0
@@ -108,18 +142,29 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
         secs = "-" if _missing(r["compile_seconds"]) else f"{r['compile_seconds']:.1f}"
         if r["cached"]:
             secs = f"[dim]{secs}[/]"
-        name = f"[yellow]{escape(r['variant'])}[/]" if spills else escape(r["variant"])
-        t.add_row(name + marks(["ptxas: " + w for w in r["warnings"]]), *cells, secs)
+        rows.append((shown, "yellow" if spills else "", [*cells, secs], marks(["ptxas: " + w for w in r["warnings"]])))
+    # What the other columns leave the names, measured as rich lays them out, so a name breaks
+    # after a "/" instead of mid-component.
+    rest = Table(box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    for c in t.columns[1:]:
+        rest.add_column(c.header, justify="right", no_wrap=True)
+    for _, _, cells, _ in rows:
+        rest.add_row(*cells)
+    name_width = max(14, out.width - out.measure(rest).maximum - 2)
+    for shown, style, cells, mark in rows:
+        name = escape(wrap_path(shown, max(8, name_width - Text.from_markup(mark).cell_len)))
+        t.add_row((f"[{style}]{name}[/]" if style else name) + mark, *cells)
     out.print(t)
     out.print("[dim]mma flight: the most wgmma groups issued before a wait (1: every matmul waited for before "
               "the next, none overlap); BAR: barrier instructions, the compiler's included; loop instr: one "
               "iteration of the innermost wgmma loop (its longest copy); exp\u2225mma: share of that loop's "
-              "exp2 (MUFU) issued while a matmul is in flight (JSON: the loop's PRMT, fences, LDL/STL)[/]")
+              "exp2 (MUFU) issued while a matmul is in flight (JSON: the loop's PRMT, fences, LDL/STL)[/]",
+              soft_wrap=False)
     if table["cached"].any():
         out.print("[dim]dim build times: from the compile cache, as measured when first built[/]")
     for text, n in notes.items():
         style = "bold red" if text.startswith("failed") else "yellow"
-        out.print(f"[{style}]\\[{n}][/] {escape(text)}")
+        out.print(f"[{style}]\\[{n}][/] {escape(text)}", soft_wrap=False)
 
 
 def render_comparison(cmp: SpillComparison, *, console: Console | None = None, file: TextIO | None = None,

@@ -1,0 +1,32 @@
+"""How every plotly figure is shown: in a page, a standalone file and a notebook.
+
+Figures carry no fixed width: they fill the page or notebook column they are drawn in, and the
+``responsive`` config redraws them when it resizes, so a three-panel heatmap is never clipped
+on a narrower screen than the one it was designed on.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["CONFIG", "NOTEBOOK_RENDERER", "use_notebook_renderer"]
+
+CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
+
+# "notebook" stores each figure as text/html (drawn by the plotly.js it puts in the notebook
+# once, inline: nothing is fetched, the machines here reach no CDN), "plotly_mimetype" as
+# plotly's JSON, which JupyterLab prefers. nbconvert's HTML export knows only the first: with
+# the mimetype alone, exported figures are empty.
+NOTEBOOK_RENDERER = "notebook+plotly_mimetype"
+
+
+def use_notebook_renderer() -> None:
+    """Make ``fig.show()`` in this notebook store an HTML copy of each figure beside plotly's
+    JSON, so the figures survive ``jupyter nbconvert --to html``. Call it once, early: it
+    writes plotly.js into the output of the cell that calls it."""
+    import plotly.io as pio
+
+    for name in NOTEBOOK_RENDERER.split("+"):
+        renderer = pio.renderers[name]
+        if hasattr(renderer, "config"):
+            renderer.config = dict(CONFIG)
+    pio.renderers.default = NOTEBOOK_RENDERER
