@@ -9,9 +9,12 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 
 tests() {  # kernel correctness against the fp32 reference; the jobs after it run only if it passes
   # Only the files that hold GPU tests: the others may need packages a GPU image lacks (nbclient).
-  python -m pytest $(grep -l "pytest.mark.gpu" tests/test_*.py) -m gpu -q -n 16 -p no:cacheprovider 2>&1 \
-    | grep -v Warning | tail -15
+  # The timer tests run alone afterwards: sixteen workers sharing the GPU would time each other.
+  python -m pytest $(grep -l "pytest.mark.gpu" tests/test_*.py | grep -v test_timing) -m gpu -q -n 16 \
+    -p no:cacheprovider 2>&1 | grep -v Warning | tail -15
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "GPU tests failed: stopping" >&2; exit 1; }
+  python -m pytest tests/test_timing.py -m gpu -q -p no:cacheprovider 2>&1 | grep -v Warning | tail -3
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "GPU timer tests failed: stopping" >&2; exit 1; }
 }
 sanitize() {  # memcheck and racecheck on a small case of every schedule
   for tool in memcheck racecheck; do

@@ -144,7 +144,10 @@ def bench_table(frame: pd.DataFrame, console: Console, *, impls: Sequence[str] |
     for name, justify in (("implementation", "left"), ("ms", "right"), ("TFLOPS", "right"),
                           (FA4_CALL.replace(" ", "\n"), "right"), ("host\nµs", "right"), ("GPU\nµs", "right"),
                           ("mem MB", "right"), ("rel err", "right")):
-        table.add_column(name, justify=justify, no_wrap=name != "implementation")
+        if name == "implementation":
+            table.add_column(name, min_width=2 + max(map(len, names), default=0))
+        else:
+            table.add_column(name, justify=justify, no_wrap=True)
     errors: list[str] = []
     for i, (label, point) in enumerate(frame.groupby("label", sort=False)):
         if i:
@@ -177,8 +180,9 @@ def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = N
     names = impl_order(frame)
     ours = _ours(frame, names, ours)
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in (("workload", "left"), (ours or "ours", "right"), ("fa4", "right"), (FA4_CALL, "right"),
-                          ("best peer", "right"), (BEST_CALL, "right")):
+    for name, justify in (("workload", "left"), (ours or "ours", "right"), ("fa4", "right"),
+                          (FA4_CALL.replace(" ", "\n"), "right"), ("best peer", "right"),
+                          (BEST_CALL.replace(" ", "\n"), "right")):
         table.add_column(escape(name), justify=justify, no_wrap=True)
     for label, point in frame.groupby("label", sort=False):
         by = {r.impl: r for r in point.itertuples(index=False)}
