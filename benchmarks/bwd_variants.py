@@ -11,7 +11,7 @@ import json
 import math
 
 from jfa_prof import bench, timing
-from jfa_prof.inputs import select_workload
+from jfa_prof.inputs import select_workload, upstream_grad
 from jfa_prof.kernels.attention import bwd_launch, fwd_launch
 
 VARIANTS = {  # name: bwd_launch options
@@ -35,7 +35,7 @@ for lq, kv, s in POINTS:
     scale = 1 / math.sqrt(w.D)
     o, lse, _, _ = fwd_launch(x.q, x.k, x.v, None, x.kv_offsets, lq, sm_scale=scale, window=None, causal=False,
                               broadcast_q=True)
-    do = bench.upstream_grad(x, o)
+    do = upstream_grad(x, o)
     ref = bench.reference_output(x, "bwd")
     runs = {name: (lambda opts=opts: bwd_launch(x.q, x.k, x.v, o, lse, do, None, x.kv_offsets, lq, x.max_seq_len_kv,
                                                  sm_scale=scale, window=None, causal=False, broadcast_q=True, **opts))

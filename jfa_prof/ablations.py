@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -33,6 +33,17 @@ RECORD_KIND = "jfa-prof waterfall"
 
 # Tests replace this to stand in a fake kernel module.
 _import = importlib.import_module
+
+
+def __getattr__(name: str) -> Any:
+    # workload_dict lives beside the workload, in jfa_prof.inputs; it is still served from here for
+    # the callers that take it from this module, on first use because jfa_prof.inputs imports
+    # torch and reading a recorded waterfall (`waterfall --results`) does not need it.
+    if name == "workload_dict":
+        from jfa_prof.inputs import workload_dict
+
+        return workload_dict
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,7 @@ def _fwd_launcher(x, schedule: str, profile: int = 0) -> Callable[[int], Callabl
 
 
 def _bwd_launcher(x, schedule: str, dq: str | None = None, profile: int = 0) -> Callable[[int], Callable[[], Any]]:
-    from jfa_prof.bench import upstream_grad
+    from jfa_prof.inputs import upstream_grad
     from jfa_prof.kernels.attention import bwd_launch, fwd_launch
 
     w = x.workload
@@ -267,12 +278,6 @@ class WaterfallRecord:
         return cls(timings=WaterfallTimings.from_dict(d["timings"]), workload=dict(d.get("workload") or {}),
                    schedule=d.get("schedule", "?"), meta=dict(d.get("meta") or {}), flops=d.get("flops"),
                    dq=d.get("dq"))
-
-
-def workload_dict(x) -> dict[str, Any]:
-    """The workload fields of a result file (SPEC §6) for inputs ``x``."""
-    w = x.workload
-    return {**asdict(w), "label": w.label, "total_q": x.total_q, "total_kv": x.total_kv}
 
 
 def load_waterfall(path: str | Path) -> WaterfallRecord:

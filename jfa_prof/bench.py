@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from jfa_prof.ablations import PASSES, check_pass, workload_dict
+from jfa_prof.ablations import PASSES, check_pass
 from jfa_prof.errors import BadInputError, read_json_file
 from jfa_prof.schedule import DEFAULT_SCHEDULE
 
@@ -49,6 +49,17 @@ FORMAT = "jfa-prof bench 1"
 
 # Tests replace this to pretend a peer is (not) installed.
 _import = importlib.import_module
+
+
+def __getattr__(name: str) -> Any:
+    # upstream_grad and rows_seeing_keys live beside the workload, in jfa_prof.inputs; they are
+    # still served from here for the callers that take them from this module, on first use
+    # because jfa_prof.inputs imports torch and reading result files (`bench --results`) does not.
+    if name in ("upstream_grad", "rows_seeing_keys"):
+        from jfa_prof import inputs
+
+        return getattr(inputs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def impl_kind(name: str) -> str:
@@ -418,6 +429,8 @@ def _backward(x, forward: Callable[[Any], tuple[Callable[[], Any], Callable[[Any
 
     import torch
 
+    from jfa_prof.inputs import upstream_grad
+
     leaves = [t.detach().clone().requires_grad_(True) for t in (x.q, x.k, x.v)]
     xg = dataclasses.replace(x, q=leaves[0], k=leaves[1], v=leaves[2])
     run_fwd, output = forward(xg)
@@ -429,16 +442,6 @@ def _backward(x, forward: Callable[[Any], tuple[Callable[[], Any], Callable[[Any
     return run, lambda grads: grads
 
 
-def upstream_grad(x, o):
-    """The gradient fed into every implementation's backward: fixed random values (one seed per
-    workload), zero on rows that see no key, whose outputs peers do not agree on."""
-    import torch
-
-    g = torch.Generator(device=o.device).manual_seed(x.workload.seed + 1)
-    do = torch.randn(o.shape, generator=g, device=o.device, dtype=torch.float32)
-    return (do * rows_seeing_keys(x)[:, None, None]).to(x.q.dtype)
-
-
 def impl_names(peers: Iterable[str], schedules: Sequence[str] = (DEFAULT_SCHEDULE,), pass_: str = "fwd") -> list[str]:
     """The implementation names :func:`run_bench` times by default, in order."""
     ours = (lambda s: (f"jfa-{s}",)) if pass_ == "bwd" else (lambda s: (f"jfa-{s}", f"jfa-{s}-planned"))
@@ -448,24 +451,6 @@ def impl_names(peers: Iterable[str], schedules: Sequence[str] = (DEFAULT_SCHEDUL
 # ---------------------------------------------------------------------------------------------
 # checks
 # ---------------------------------------------------------------------------------------------
-
-def rows_seeing_keys(x):
-    """Bool ``[rows]``: output rows that see at least one key. Peers disagree on the others
-    (SDPA's all-masked softmax is NaN, the op and FA4 give zeros), so checks skip them."""
-    import torch
-
-    w = x.workload
-    q_lens, kv_lens = x.q_lens, x.kv_lens
-    seq = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
-    i = torch.arange(seq.numel()) - (torch.cumsum(q_lens, 0) - q_lens)[seq]
-    lk = kv_lens[seq]
-    lo, hi = torch.zeros_like(i), lk - 1
-    if w.window is not None:
-        lo, hi = (i - w.window).clamp(min=0), torch.minimum(hi, i + w.window)
-    if w.causal:
-        hi = torch.minimum(hi, i + lk - q_lens[seq])
-    return (hi >= lo).to(x.q.device)
-
 
 def rel_err(out, ref, rows=None) -> float:
     """‖out − ref‖ / ‖ref‖ in fp32 over ``rows`` (all when None); NaN when out has NaN there.
@@ -531,9 +516,10 @@ def fwd_host_breakdown(x, *, n: int = 20, schedule: str = DEFAULT_SCHEDULE) -> d
 
 def reference_output(x, pass_: str = "fwd"):
     """The fp32 reference's output (fwd) or its gradients ``(dq, dk, dv)`` for
-    :func:`upstream_grad` (bwd)."""
+    `jfa_prof.inputs.upstream_grad` (bwd)."""
     import torch
 
+    from jfa_prof.inputs import upstream_grad
     from jfa_prof.reference import reference_attention
 
     w = x.workload
@@ -635,6 +621,7 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
     import torch
 
     from jfa_prof import timing
+    from jfa_prof.inputs import rows_seeing_keys, workload_dict
 
     check_pass(pass_)
     device = device or timing.require_gpu("the benchmark")

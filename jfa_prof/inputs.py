@@ -1,4 +1,6 @@
-"""Jagged workloads: sequence lengths, offsets, seeded tensors, FLOP counts, benchmark grids.
+"""Jagged workloads: sequence lengths, offsets, seeded tensors, FLOP counts, benchmark grids,
+and what every measurement says of a workload's inputs (its result-file fields, the rows that see
+a key, the fixed upstream gradient).
 
 Lengths and FLOP counts live on the host (CPU int64): a workload's shape is decided before any
 tensor reaches the GPU, so it is identical on every device and costs no device sync to read.
@@ -6,8 +8,8 @@ tensor reaches the GPU, so it is identical on every device and costs no device s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Sequence
 
 import torch
 
@@ -21,7 +23,10 @@ __all__ = [
     "density_bounds",
     "find_workload",
     "offsets_from_lengths",
+    "rows_seeing_keys",
     "sample_lengths",
+    "upstream_grad",
+    "workload_dict",
 ]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -274,6 +279,40 @@ class JaggedInputs:
         w = self.workload
         return attention_flops(self.q_lens, self.kv_lens, w.H, w.D, window=w.window,
                                causal=w.causal, pass_=pass_)
+
+
+# ---------------------------------------------------------------------------------------------
+# what measurements say of the inputs (bench, waterfall and recordings share these)
+# ---------------------------------------------------------------------------------------------
+
+def workload_dict(x: JaggedInputs) -> dict[str, Any]:
+    """The workload fields of a result file (SPEC §6) for inputs ``x``."""
+    w = x.workload
+    return {**asdict(w), "label": w.label, "total_q": x.total_q, "total_kv": x.total_kv}
+
+
+def rows_seeing_keys(x: JaggedInputs) -> torch.Tensor:
+    """Bool ``[rows]``: output rows that see at least one key. Peers disagree on the others
+    (SDPA's all-masked softmax is NaN, the op and FA4 give zeros), so checks skip them."""
+    w = x.workload
+    q_lens, kv_lens = x.q_lens, x.kv_lens
+    seq = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
+    i = torch.arange(seq.numel()) - (torch.cumsum(q_lens, 0) - q_lens)[seq]
+    lk = kv_lens[seq]
+    lo, hi = torch.zeros_like(i), lk - 1
+    if w.window is not None:
+        lo, hi = (i - w.window).clamp(min=0), torch.minimum(hi, i + w.window)
+    if w.causal:
+        hi = torch.minimum(hi, i + lk - q_lens[seq])
+    return (hi >= lo).to(x.q.device)
+
+
+def upstream_grad(x: JaggedInputs, o: torch.Tensor) -> torch.Tensor:
+    """The gradient fed into every implementation's backward: fixed random values (one seed per
+    workload), zero on rows that see no key, whose outputs peers do not agree on."""
+    g = torch.Generator(device=o.device).manual_seed(x.workload.seed + 1)
+    do = torch.randn(o.shape, generator=g, device=o.device, dtype=torch.float32)
+    return (do * rows_seeing_keys(x)[:, None, None]).to(x.q.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

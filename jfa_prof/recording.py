@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import math
 
-from jfa_prof.ablations import workload_dict
 from jfa_prof.errors import NoGpuError
-from jfa_prof.inputs import Workload
+from jfa_prof.inputs import Workload, upstream_grad, workload_dict
 from jfa_prof.records import BWD_ROLES, BWD_SITES
 from jfa_prof.timing import kernel_durations_ms
 from jfa_prof.trace import Trace, layout_meta, trace_from_buffer
@@ -85,7 +84,6 @@ def record_bwd_workload(workload: Workload, schedule: str = "static", *, dq: str
     import torch
 
     from jfa_prof.ablations import DEFAULT_DQ_NAME, bwd_dq, pass_options
-    from jfa_prof.bench import upstream_grad
     from jfa_prof.kernels import bwd
     from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
 

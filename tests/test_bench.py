@@ -15,7 +15,7 @@ from jfa_prof import bench
 from jfa_prof.bench import load_results, results_document
 from jfa_prof.cli import app
 from jfa_prof.errors import BadInputError
-from jfa_prof.inputs import Workload, attention_flops, find_workload
+from jfa_prof.inputs import Workload, attention_flops, find_workload, rows_seeing_keys, upstream_grad
 from jfa_prof.reference import reference_attention
 
 H200 = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "fwd_hsp_h200_2026-11-30.json"
@@ -283,7 +283,7 @@ def test_flex_and_sdpa_inputs_give_the_reference(w):
     x = w.make("cpu", dtype=torch.float32)
     ref = reference_attention(x.q, x.k, x.v, None if w.broadcast_q else x.q_offsets, x.kv_offsets,
                               window_size=w.window, causal=w.causal, broadcast_q=w.broadcast_q)[0]
-    rows = bench.rows_seeing_keys(x)
+    rows = rows_seeing_keys(x)
     q = bench._repeated_q(x).transpose(0, 1).unsqueeze(0).contiguous()
     k, v = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (x.k, x.v))
     bm = bench.document_block_mask(x.q_offsets, x.kv_offsets, q.shape[2], k.shape[2], window=w.window,
@@ -313,16 +313,16 @@ def test_upstream_grad_is_fixed_and_zero_where_no_key_is_seen():
     w = Workload("hsp", B=3, H=1, H_kv=1, D=64, Lq=8, max_kv=6, sparsity=0.3, broadcast_q=True, window=1)
     x = w.make("cpu")
     o = torch.empty(x.q.shape[0] * 3, 1, 64, dtype=x.q.dtype)
-    g = bench.upstream_grad(x, o)
-    assert g.dtype == x.q.dtype and torch.equal(g, bench.upstream_grad(x, o))
-    rows = bench.rows_seeing_keys(x)
+    g = upstream_grad(x, o)
+    assert g.dtype == x.q.dtype and torch.equal(g, upstream_grad(x, o))
+    rows = rows_seeing_keys(x)
     assert (g[~rows] == 0).all() and (g[rows] != 0).any(dim=-1).all()
 
 
 def test_rows_seeing_keys_and_rel_err():
     w = Workload("hsp", B=3, H=1, H_kv=1, D=64, Lq=8, max_kv=6, sparsity=0.3, broadcast_q=True, window=1)
     x = w.make("cpu")
-    rows = bench.rows_seeing_keys(x).reshape(3, 8)
+    rows = rows_seeing_keys(x).reshape(3, 8)
     for b, lk in enumerate(x.kv_lens.tolist()):
         # Row i sees keys [i-1, i+1] ∩ [0, lk): something while i <= lk.
         assert rows[b].tolist() == [i <= lk for i in range(8)]

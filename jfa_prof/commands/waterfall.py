@@ -115,6 +115,7 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, dq, abla
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from jfa_prof import ablations, timing
+    from jfa_prof.inputs import workload_dict
 
     schedule = ablations.pass_options(pass_, schedule, dq)
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
@@ -143,5 +144,5 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, dq, abla
         timings = ablations.measure_waterfall(launcher, plan, pass_=pass_, cumulative=cumulative, rep_ms=rep_ms,
                                               on_step=step)
         progress.advance(task)
-    return ablations.WaterfallRecord(timings=timings, workload=ablations.workload_dict(x), schedule=schedule,
+    return ablations.WaterfallRecord(timings=timings, workload=workload_dict(x), schedule=schedule,
                                      meta=timing.measurement_meta(), flops=x.flops(pass_), dq=dq)
