@@ -12,7 +12,10 @@ import torch
 from typer.testing import CliRunner
 
 from jfa_prof import bench
+from jfa_prof.bench import impls as bench_impls
 from jfa_prof.bench import load_results, results_document
+from jfa_prof.bench import peers as bench_peers
+from jfa_prof.bench import results as bench_results
 from jfa_prof.cli import app
 from jfa_prof.errors import BadInputError
 from jfa_prof.inputs import Workload, attention_flops, find_workload, rows_seeing_keys, upstream_grad
@@ -117,7 +120,7 @@ def _new_record(label="hsp Lq=128 max=1024 s=0.5"):
 def test_new_format_round_trip(tmp_path):
     meta = {"gpu": "NVIDIA H200", "date": "2026-12-02T10:00:00+00:00", "command": "jfa-prof bench"}
     rec = _new_record()
-    bench._derive(rec["impls"], rec["flops"])
+    bench_results._derive(rec["impls"], rec["flops"])
     status = {"flex": bench.PeerStatus("flex", "torch-flex", True, None, "2.13.0")}
     doc = results_document([rec], meta, status)
     assert doc["results"][0]["meta"] == meta and doc["meta"] == meta and doc["format"] == bench.FORMAT
@@ -138,10 +141,10 @@ def test_new_format_round_trip(tmp_path):
 
 def test_derive_without_fa4_or_peers():
     impls = {"jfa-lpt": {"ms": 2.0}, "torch-varlen": {"ms": 4.0}}
-    assert bench._derive(impls, 4e9) == "torch-varlen"
+    assert bench_results._derive(impls, 4e9) == "torch-varlen"
     assert "ratio_vs_fa4" not in impls["jfa-lpt"] and impls["jfa-lpt"]["ratio_vs_best_peer"] == 2.0
     impls = {"jfa-lpt": {"ms": 2.0}}
-    assert bench._derive(impls, 4e9) is None and impls["jfa-lpt"]["tflops"] == 2.0
+    assert bench_results._derive(impls, 4e9) is None and impls["jfa-lpt"]["tflops"] == 2.0
 
 
 def test_load_results_errors(tmp_path):
@@ -188,7 +191,7 @@ def test_select_workloads():
 # ---------------------------------------------------------------------------------------------
 
 def test_peer_availability(monkeypatch):
-    real = bench._import
+    real = bench_peers._import
 
     def fake(name):
         if name == "flash_attn.cute":
@@ -198,8 +201,8 @@ def test_peer_availability(monkeypatch):
         if name == "torch.nn.attention.flex_attention":
             return types.SimpleNamespace(flex_attention=None)  # no BlockMask
         return real(name)
-    monkeypatch.setattr(bench, "_import", fake)
-    monkeypatch.setattr(bench, "_dist_version", lambda *names: None)
+    monkeypatch.setattr(bench_peers, "_import", fake)
+    monkeypatch.setattr(bench_peers, "_dist_version", lambda *names: None)
     st = bench.peer_status(["fa4", "varlen", "sdpa", "flex"])
     assert st["fa4"].available and st["fa4"].version == "4.0.0b36" and st["fa4"].impl == "fa4"
     assert not st["varlen"].available and "not importable" in st["varlen"].reason
@@ -212,7 +215,7 @@ def test_peer_availability(monkeypatch):
 def test_fa4_missing(monkeypatch):
     def fake(name):
         raise ImportError("No module named 'flash_attn'")
-    monkeypatch.setattr(bench, "_import", fake)
+    monkeypatch.setattr(bench_peers, "_import", fake)
     st = bench.peer_status(["fa4"])
     assert not st["fa4"].available and "flash_attn" in st["fa4"].reason
 
@@ -284,13 +287,13 @@ def test_flex_and_sdpa_inputs_give_the_reference(w):
     ref = reference_attention(x.q, x.k, x.v, None if w.broadcast_q else x.q_offsets, x.kv_offsets,
                               window_size=w.window, causal=w.causal, broadcast_q=w.broadcast_q)[0]
     rows = rows_seeing_keys(x)
-    q = bench._repeated_q(x).transpose(0, 1).unsqueeze(0).contiguous()
+    q = bench_peers._repeated_q(x).transpose(0, 1).unsqueeze(0).contiguous()
     k, v = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (x.k, x.v))
     bm = bench.document_block_mask(x.q_offsets, x.kv_offsets, q.shape[2], k.shape[2], window=w.window,
                                    causal=w.causal)
     o = flex_attention(q, k, v, block_mask=bm, enable_gqa=w.H != w.H_kv)[0].transpose(0, 1)
     assert bench.rel_err(o, ref, rows) < 1e-5
-    run, output = bench._sdpa(x)
+    run, output = bench_peers._sdpa(x)
     assert bench.rel_err(output(run()), ref, rows) < 1e-5
 
 
@@ -300,7 +303,7 @@ def test_backward_of_the_padded_sdpa_peer_gives_the_reference_gradients(w):
     the batch for broadcast-Q (autograd through the repeated Q), compared part by part."""
     x = w.make("cpu", dtype=torch.float32)
     ref = bench.reference_output(x, "bwd")
-    run, output = bench._backward(x, bench._sdpa)
+    run, output = bench_impls._backward(x, bench_peers._sdpa)
     grads = output(run())
     assert [g.shape for g in grads] == [x.q.shape, x.k.shape, x.v.shape]
     assert bench.rel_err(grads, ref) < 1e-5

@@ -129,7 +129,7 @@ def test_no_import_cycle_among_the_jfa_prof_modules():
         " <-> ".join(group) for group in found)
 
 
-@pytest.mark.parametrize("module", ["jfa_prof.bench", "jfa_prof.ablations"])
+@pytest.mark.parametrize("module", ["jfa_prof.bench", "jfa_prof.bench.results", "jfa_prof.ablations"])
 def test_reading_result_files_does_not_import_torch(module):
     # `bench --results`, `waterfall --results` and the report read files with these modules alone.
     code = f"import json, sys, {module}; print(json.dumps('torch' in sys.modules))"
@@ -142,6 +142,6 @@ def test_names_that_moved_to_inputs_are_still_served_where_they_were():
 
     assert bench.upstream_grad is inputs.upstream_grad
     assert bench.rows_seeing_keys is inputs.rows_seeing_keys
-    assert ablations.workload_dict is inputs.workload_dict
+    assert ablations.workload_dict is inputs.workload_dict and bench.workload_dict is inputs.workload_dict
     with pytest.raises(AttributeError):
         bench.no_such_name  # noqa: B018
