@@ -114,10 +114,9 @@ def _as_lengths(x: Sequence[int] | torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(x, dtype=torch.int64).cpu().reshape(-1)
 
 
-def _visible_pairs(q_lens: torch.Tensor, kv_lens: torch.Tensor, window, causal) -> int:
-    if window is None and not causal:
-        return int((q_lens * kv_lens).sum())
-    # One entry per query row: the visible keys of a row form one contiguous range [lo, hi].
+def _key_ranges(q_lens: torch.Tensor, kv_lens: torch.Tensor, window, causal) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lo, hi)``, one entry per query row in packed order: the visible keys of a row form one
+    contiguous range ``[lo, hi]`` of its sequence (empty where ``hi < lo``)."""
     batch_of_row = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
     row_start = torch.cumsum(q_lens, 0) - q_lens
     i = torch.arange(batch_of_row.numel()) - row_start[batch_of_row]
@@ -129,6 +128,13 @@ def _visible_pairs(q_lens: torch.Tensor, kv_lens: torch.Tensor, window, causal) 
         hi = torch.minimum(hi, i + window)
     if causal:
         hi = torch.minimum(hi, i + lk - q_lens[batch_of_row])
+    return lo, hi
+
+
+def _visible_pairs(q_lens: torch.Tensor, kv_lens: torch.Tensor, window, causal) -> int:
+    if window is None and not causal:
+        return int((q_lens * kv_lens).sum())
+    lo, hi = _key_ranges(q_lens, kv_lens, window, causal)
     return int((hi - lo + 1).clamp(min=0).sum())
 
 
@@ -294,16 +300,7 @@ def workload_dict(x: JaggedInputs) -> dict[str, Any]:
 def rows_seeing_keys(x: JaggedInputs) -> torch.Tensor:
     """Bool ``[rows]``: output rows that see at least one key. Peers disagree on the others
     (SDPA's all-masked softmax is NaN, the op and FA4 give zeros), so checks skip them."""
-    w = x.workload
-    q_lens, kv_lens = x.q_lens, x.kv_lens
-    seq = torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens)
-    i = torch.arange(seq.numel()) - (torch.cumsum(q_lens, 0) - q_lens)[seq]
-    lk = kv_lens[seq]
-    lo, hi = torch.zeros_like(i), lk - 1
-    if w.window is not None:
-        lo, hi = (i - w.window).clamp(min=0), torch.minimum(hi, i + w.window)
-    if w.causal:
-        hi = torch.minimum(hi, i + lk - q_lens[seq])
+    lo, hi = _key_ranges(x.q_lens, x.kv_lens, x.workload.window, x.workload.causal)
     return (hi >= lo).to(x.q.device)
 
 
