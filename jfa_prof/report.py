@@ -60,6 +60,9 @@ MAIN_VARIANTS = (
 # recorded results on disk
 # ---------------------------------------------------------------------------------------------
 
+SUPERSEDED = "superseded"  # a study's folder for files a later run replaced
+
+
 def results_dir() -> Path | None:
     """``benchmarks/results`` of the source checkout this package runs from, or None when it
     is installed without one (a wheel carries no results)."""
@@ -80,8 +83,10 @@ def _recorded_at(path: Path) -> _dt.datetime:
 
 def newest_result(pattern: str, directory: str | os.PathLike | None = None,
                   accept: Callable[[Path], bool] | None = None) -> Path | None:
-    """The most recently measured file matching ``pattern`` (a glob, e.g. ``"waterfall_*.json"``)
-    in ``directory`` (default :func:`results_dir`), or None when there is none.
+    """The most recently measured file matching ``pattern`` (a glob on file names, e.g.
+    ``"waterfall_*.json"``) anywhere under ``directory`` (default :func:`results_dir`, a folder per
+    study), or None when there is none. Files under a ``superseded`` folder are history, kept for
+    the record: never picked.
 
     ``accept(path)`` filters candidates, e.g. to files a loader can read; "recently measured"
     is the date the file records, see :func:`_recorded_at`.
@@ -89,7 +94,8 @@ def newest_result(pattern: str, directory: str | os.PathLike | None = None,
     d = Path(directory) if directory is not None else results_dir()
     if d is None or not d.is_dir():
         return None
-    found = [p for p in d.glob(pattern) if p.is_file() and (accept is None or accept(p))]
+    found = [p for p in d.rglob(pattern) if p.is_file() and SUPERSEDED not in p.relative_to(d).parts
+             and (accept is None or accept(p))]
     if not found:
         return None
     return max(found, key=lambda p: (_recorded_at(p), p.name))

@@ -23,7 +23,7 @@ the two helper kernels are plain Triton. Kernels:
   dQ^T = K^T dS^T, which needs both consumers' halves of dS^T (a named barrier between the two).
   Against the same step run by two warpgroups that also issued the copies and the reduce-adds
   (8 warps, no producer): 1.06-1.14x faster on the H200
-  (benchmarks/results/bwd_ab_warp_specialized_*).
+  (benchmarks/results/variants/bwd_ab_warp_specialized_*).
 - dQ is a sum over KV blocks (and, for broadcast-Q, over the batch too, since every sequence
   reads the same Q rows), accumulated in fp32 `[rows, H * D]` and converted by the launcher.
   `DQ_MODE` picks how:
@@ -67,7 +67,7 @@ BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
 # Query rows per inner step: the N of the m64nNk16 wgmmas that make S^T, dP^T and dQ^T. With both
 # operands in shared memory, N = 32 asks more of shared memory than it delivers (~1.5x of its 128
 # B/clk per SM at the tensor cores' rate); N = 64 is at the limit. 64 was 1.21-1.28x faster on the
-# H200 over three HSP points (benchmarks/results/bwd_variants_*.json). At D = 128 it leaves ptxas a few
+# H200 over three HSP points (benchmarks/results/variants/bwd_variants_*.json). At D = 128 it leaves ptxas a few
 # registers short: see the opaque buffer views in the step loop (`jfa-prof spills --kernel bwd`).
 BLOCK_M = 64
 NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
@@ -76,7 +76,7 @@ CONSUMER_REGS = tl.constexpr(240)  # per consumer thread (setmaxnreg); the produ
 # at 2 the pipeliner, unable to pipeline the step loop's asynchronous wgmmas, waited for each right
 # after issuing it (a wgmma wait(0) after every matmul in the SASS): S^T and dP^T ran one after the
 # other, and P^T was not computed while dP^T ran. At 1 the waits are the ones written: 1.04-1.13x
-# faster on the H200 (benchmarks/results/bwd_ab_stages1_*).
+# faster on the H200 (benchmarks/results/variants/bwd_ab_stages1_*).
 NUM_STAGES = 1
 # The deterministic dQ kernel loads with tl.load and multiplies with tl.dot: the pipeliner's work.
 DET_DQ_NUM_STAGES = 2
@@ -208,7 +208,7 @@ def _find_tile(t, tile_cum, B, H_kv, b_from):
     the next `_SEARCH` prefix-sum entries usually holds it: t's batch is the first whose tiles end
     past t. Only a jump beyond them falls back to a binary search of the rest, whose ten-odd
     dependent loads each wait a full memory latency. (A binary search for every tile had been
-    1.05-1.09x slower on four HSP points: benchmarks/results/bwd_ab_window_decode_*.)"""
+    1.05-1.09x slower on four HSP points: benchmarks/results/variants/bwd_ab_window_decode_*.)"""
     pos = tl.arange(0, _SEARCH)
     idx = b_from + pos
     ends = tl.load(tile_cum + 1 + idx, mask=idx < B, other=0)
@@ -512,7 +512,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     # shared-memory descriptors inside the step (an add and a mask each) instead of
                     # computing them all before the loop and keeping them in registers the
                     # accumulators need (before warp specialization, at D = 128, that spilled and was
-                    # 1.10-1.17x slower on the H200: benchmarks/results/bwd_ab_opaque_views_*).
+                    # 1.10-1.17x slower on the H200: benchmarks/results/variants/bwd_ab_opaque_views_*).
                     slot_o = _opaque(slot)
                     k_all = k_buf[_opaque(0)]
                     k_s = tlx.local_slice(k_all, [cid * HALF, 0], [HALF, HEAD_DIM])

@@ -35,7 +35,7 @@ NUM_Q_BUFS = 2  # Q buffers per consumer
 # for that block alone and the kernel waits on memory: 64-key blocks four deep take the shared memory
 # of 128 x 2, keep more bytes in flight and waste less at the end of short sequences (H200, HSP
 # Lq = 128: 1.01-1.17x; at Lq = 256, where the work per byte doubles, 0.95-0.98x, so 128 there:
-# benchmarks/results/fwd_variants_h200_*).
+# benchmarks/results/variants/fwd_variants_h200_*).
 SHORT_Q_BLOCK_N = 64
 KV_STAGES = {BLOCK_N: NUM_KV_STAGES, SHORT_Q_BLOCK_N: 4}  # K/V ring depth by keys per block
 CONSUMER_REGS = 232
@@ -305,7 +305,7 @@ def _consume_range(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
 # Integer arguments are left to Triton's specialization (unlike the backward's). Unspecialized, the
 # uninstrumented kernel timed 1.04x slower at hsp Lq=128 max=1024 s=0.1 (both schedules), 0.94x at
 # Lq=256 max=4096 s=0.9 (static), the same elsewhere: mixed, so not kept
-# (benchmarks/results/fwd_unspecialized_ints_h200_2026-11-30_*.json).
+# (benchmarks/results/variants/fwd_unspecialized_ints_h200_2026-11-30_*.json).
 @triton.jit(c_cache=C_CACHE)
 def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offsets,
              work_list, n_work_ptr, queue_ptr, rec_ptr,
@@ -331,7 +331,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
 
     # Q_BUFS (two) Q buffers per consumer: the producer loads the next tile's Q while this one
     # computes. (One buffer and a third K/V stage fit too; that was slower where Lq = 256 and faster
-    # only on the most memory-bound point: benchmarks/results/fwd_variants_*.)
+    # only on the most memory-bound point: benchmarks/results/variants/fwd_variants_*.)
     # A consumer also stages its output tile through its current Q buffer (see the epilogue).
     q_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 2 * Q_BUFS)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)

@@ -182,7 +182,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 def _limits(pass_: str, grid: str):
     from jfa_prof.bench import load_results
 
-    res = load_results(RESULTS / f"limits_{pass_}_{grid}_h200_2026-11-30.json")
+    res = load_results(RESULTS / "limits" / f"limits_{pass_}_{grid}_h200_2026-11-30.json")
     return res, res.splits(), res.limits()
 
 
@@ -246,7 +246,8 @@ def _tile_cost(name: str) -> dict:
     the file's own fit must agree, or the two would say different things."""
     import json
 
-    doc = json.loads((RESULTS / f"tile_cost_{name}_h200_2026-11-30.json").read_text())
+    (path, ) = RESULTS.rglob(f"tile_cost_{name}_h200_2026-11-30.json")  # a sweep, in the folder of its study
+    doc = json.loads(path.read_text())
     sums: dict[str, FitSums] = {}
     for p in doc["points"]:
         key = "masked" if p["masked"] else "full"

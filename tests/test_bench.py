@@ -21,7 +21,7 @@ from jfa_prof.errors import BadInputError
 from jfa_prof.inputs import Workload, attention_flops, find_workload, rows_seeing_keys, upstream_grad
 from jfa_prof.reference import reference_attention
 
-H200 = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "fwd_hsp_h200_2026-11-30.json"
+H200 = Path(__file__).resolve().parents[1] / "benchmarks/results/bench/superseded/fwd_hsp_h200_2026-11-30.json"
 POINT = "hsp Lq=256 max=2048 s=0.1"
 
 

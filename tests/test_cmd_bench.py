@@ -14,7 +14,7 @@ from jfa_prof.analyses.waterfall import AblationTiming, WaterfallTimings
 from jfa_prof.cli import app
 
 runner = CliRunner()
-H200 = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "fwd_hsp_h200_2026-11-30.json"
+H200 = Path(__file__).resolve().parents[1] / "benchmarks/results/bench/superseded/fwd_hsp_h200_2026-11-30.json"
 POINT = "hsp Lq=256 max=2048 s=0.1"
 FA4_FILE = H200.parent / "bench_fwd_hsp_h200_2026-11-30e.json"  # timed beside FA4
 
@@ -150,7 +150,7 @@ def test_bench_recorded_limits(tmp_path):
 
 def test_bench_recorded_limits_chart(tmp_path):
     """With time splits, --html also writes what limits each point beside the TFLOPS chart."""
-    res_file = H200.parent / "limits_fwd_hsp_h200_2026-11-30.json"
+    res_file = H200.parents[2] / "limits" / "limits_fwd_hsp_h200_2026-11-30.json"
     html = tmp_path / "fwd.html"
     d = _json(runner.invoke(app, ["bench", "--results", str(res_file), "--json", "--html", str(html)]))
     page = tmp_path / "fwd-limits.html"

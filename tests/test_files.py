@@ -21,7 +21,7 @@ from jfa_prof.trace import write_trace
 from tests.resultgen import write_waterfall
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "benchmarks/results/fwd_hsp_h200_2026-11-30.json"
+BENCH = ROOT / "benchmarks/results/bench/superseded/fwd_hsp_h200_2026-11-30.json"
 runner = CliRunner()
 
 

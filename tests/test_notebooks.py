@@ -152,7 +152,9 @@ def _results_copy(tmp_path: Path, *patterns: str) -> Path:
     d = tmp_path / "results"
     d.mkdir()
     for pattern in patterns:
-        for f in RESULTS.glob(pattern):
+        for f in RESULTS.rglob(pattern):  # every study folder; superseded runs are left out
+            if "superseded" in f.relative_to(RESULTS).parts:
+                continue
             shutil.copy(f, d / f.name)
     return d
 

@@ -82,7 +82,7 @@ def test_live_only_options_next_to_results_are_refused(tmp_path):
                                  "--out", str(tmp_path / "w.html")]), "--save", "live run")
     _refused(runner.invoke(app, ["waterfall", "--results", str(recorded), "--cumulative",
                                  "--out", str(tmp_path / "w.html")]), "--cumulative")
-    bench = str(Path(__file__).resolve().parents[1] / "benchmarks/results/fwd_hsp_h200_2026-11-30.json")
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks/results/bench/superseded/fwd_hsp_h200_2026-11-30.json")
     _refused(runner.invoke(app, ["bench", "--results", bench, "--out", str(tmp_path / "b.json")]), "--out",
              "live run")
     assert not (tmp_path / "b.json").exists()

@@ -10,7 +10,7 @@ from rich.console import Console
 from jfa_prof.bench import load_results
 from jfa_prof.render.bench import bench_table, facets, impl_order, summary_table, tflops_figure
 
-H200 = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "fwd_hsp_h200_2026-11-30.json"
+H200 = Path(__file__).resolve().parents[1] / "benchmarks/results/bench/superseded/fwd_hsp_h200_2026-11-30.json"
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from jfa_prof.report import (SCHEDULE_ORDER, bundled_schedule_traces, gather, ne
 
 ROOT = Path(__file__).resolve().parents[1]
 NCU = [ROOT / "tests/data/ncu/fwd_lpt.ncu-rep", ROOT / "tests/data/ncu/fwd_dynamic.ncu-rep"]
-BENCH = ROOT / "benchmarks/results/fwd_hsp_h200_2026-11-30.json"
+BENCH = ROOT / "benchmarks/results/bench/superseded/fwd_hsp_h200_2026-11-30.json"
 runner = CliRunner()
 
 
@@ -85,6 +85,12 @@ def test_newest_result_goes_by_the_recorded_date_not_the_name(tmp_path):
         "waterfall_a.json"
     assert newest_result("bench_*.json", tmp_path) is None
     assert newest_result("*.json", tmp_path / "missing") is None
+    # A study's folder is searched too; its superseded runs never are, however recent.
+    (tmp_path / "study" / "superseded").mkdir(parents=True)
+    (tmp_path / "study" / "waterfall_s.json").write_text('{"meta": {"date": "2026-12-02T00:00:00"}}')
+    (tmp_path / "study" / "superseded" / "waterfall_old.json").write_text('{"meta": {"date": "2026-12-09T00:00:00"}}')
+    assert newest_result("waterfall_*.json", tmp_path, accept=lambda p: p.name != "waterfall_z.json").name == \
+        "waterfall_s.json"
     assert results_dir() == ROOT / "benchmarks" / "results"
 
 
@@ -177,7 +183,7 @@ def test_tables_are_the_ones_the_commands_print(full_report, full_html):
 
 
 def test_a_bench_file_with_time_splits_adds_what_limits_each_point():
-    limits_file = ROOT / "benchmarks/results/limits_bwd_hsp_h200_2026-11-30.json"
+    limits_file = ROOT / "benchmarks/results/limits/limits_bwd_hsp_h200_2026-11-30.json"
     rep = gather(bench=limits_file)
     names = [n for n, _ in page.figures(rep)]
     assert names[-2:] == ["bench-bwd", "bench-limits-bwd"]
