@@ -287,3 +287,19 @@ def test_timeline_json_from_a_file(tmp_path, files):
                                   "--sm-range", "0:4", "--json"]))
     assert d["bundled"] is False and d["origin"] == "file" and d["sm_range"] == [0, 4] and d["sms"] == 4
     assert json.loads((tmp_path / "t.json").read_text())["metadata"]["bundled"] is False
+
+
+def test_heatmap_page_draws_every_panel_within_the_window_in_a_browser(tmp_path):
+    # The three panels and the colour scale fit a 1280-pixel window (the figure follows the window's
+    # width), and the figures the page states are on the chart.
+    import re
+
+    from tests.browser import dump_dom
+
+    out = tmp_path / "heatmap.html"
+    result = runner.invoke(app, ["heatmap", "--clc", "both", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    dom, _ = dump_dom(out, tmp_path / "profile", window=(1280, 900))
+    widths = [float(w) for w in re.findall(r'<svg class="main-svg"[^>]*?width="([\d.]+)"', dom)]
+    assert widths and max(widths) <= 1280, widths
+    assert "makespan" in dom and "bundled" in dom.lower()

@@ -7,14 +7,13 @@ import html
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from jfa_prof.cli import app
+from tests.browser import dump_dom
 from tests.resultgen import write_waterfall
 from jfa_prof.errors import BadInputError
 from jfa_prof.render import report as page
@@ -265,32 +264,12 @@ def test_a_file_that_is_no_waterfall_is_bad_input(tmp_path):
 
 # ---- in a browser ----------------------------------------------------------------------------
 
-def _chromium() -> str | None:
-    for name in (os.environ.get("JFA_PROF_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
 def test_report_renders_in_a_browser(tmp_path, full_report):
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("needs headless Chromium: `apt-get install -y chromium` (scripts/install.sh does it with "
-                    "JFA_PROF_BROWSER_TESTS=1), or set JFA_PROF_CHROMIUM to a Chrome/Chromium binary")
     path = page.write_report(full_report, tmp_path / "report.html")
-    proc = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         "--enable-logging=stderr", "--v=0",
-         # Lets the page's scripts run to the end before the DOM is dumped.
-         "--virtual-time-budget=30000", "--dump-dom", path.as_uri()],
-        capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    dom = proc.stdout
+    dom, _ = dump_dom(path, tmp_path / "profile")
     n = len(page.figures(full_report))
     starts = [m.start() for m in re.finditer(r'<div[^>]*id="fig-\d+"', dom)]
     assert len(starts) == n, f"{len(starts)} figure divs in the DOM, expected {n}"
     for i, (a, b) in enumerate(zip(starts, starts[1:] + [len(dom)]), 1):
         # plotly draws each figure as <svg class="main-svg"> layers inside its div.
         assert 'class="main-svg"' in dom[a:b], f"figure {i} was not drawn"
-    assert "Uncaught" not in proc.stderr, [line for line in proc.stderr.splitlines() if "Uncaught" in line]
