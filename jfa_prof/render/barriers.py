@@ -71,6 +71,8 @@ def barriers_figure(results: Sequence[tuple[str, BarrierAttribution]], *, top: i
     of them, largest first."""
     import plotly.graph_objects as go
 
+    from jfa_prof.render.figures import ranked_bars_layout
+
     results = [(label, attr) for label, attr in results if len(attr.table)]
     if not results:
         raise ValueError("no barrier waits to draw")
@@ -91,13 +93,8 @@ def barriers_figure(results: Sequence[tuple[str, BarrierAttribution]], *, top: i
                         for r in rows],
             hovertemplate="%{y}<br>%{x:.2f}% of warp-role time<br>%{customdata[0]} cycles in %{customdata[1]} waits"
                           "<br>%{customdata[2]} CTAs<extra>%{fullData.name}</extra>"))
-    fig.update_layout(
-        title=title, barmode="group", template="plotly_white", autosize=True,
-        height=160 + 22 * len(names) * max(1, len(results)),
-        xaxis={"title": {"text": "% of warp-role time spent waiting there"}, "rangemode": "tozero"},
-        yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": -0.12, "title": {"text": "recording"}},
-        margin={"l": 150, "r": 30, "t": 60, "b": 60})
-    return fig
+    return ranked_bars_layout(fig, title=title, n_rows=len(names), n_groups=len(results),
+                              x_title="% of warp-role time spent waiting there", legend_title="recording")
 
 
 def to_dict(attr: BarrierAttribution) -> dict[str, Any]:

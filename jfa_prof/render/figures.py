@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIG", "NOTEBOOK_RENDERER", "use_notebook_renderer"]
+__all__ = ["CONFIG", "NOTEBOOK_RENDERER", "ranked_bars_layout", "use_notebook_renderer"]
 
 CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
 
@@ -30,3 +30,15 @@ def use_notebook_renderer() -> None:
         if hasattr(renderer, "config"):
             renderer.config = dict(CONFIG)
     pio.renderers.default = NOTEBOOK_RENDERER
+
+
+def ranked_bars_layout(fig, *, title: str | None, n_rows: int, n_groups: int, x_title: str, legend_title: str):
+    """The layout of a ranked chart of grouped horizontal bars (largest first, one group per
+    recording or report): tall enough for every bar, the legend below."""
+    fig.update_layout(
+        title=title, barmode="group", template="plotly_white", autosize=True,
+        height=160 + 22 * n_rows * max(1, n_groups),
+        xaxis={"title": {"text": x_title}, "rangemode": "tozero"},
+        yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": -0.12, "title": {"text": legend_title}},
+        margin={"l": 150, "r": 30, "t": 60, "b": 60})
+    return fig

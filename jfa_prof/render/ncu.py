@@ -219,6 +219,8 @@ def stalls_figure(kernels: Sequence[tuple[str, NcuKernel]], *, top: int = DEFAUL
     instruction (ncu's unit, so kernels of different lengths compare)."""
     import plotly.graph_objects as go
 
+    from jfa_prof.render.figures import ranked_bars_layout
+
     frames = [(label, stall_breakdown(k)) for label, k in kernels]
     frames = [(label, f[f["stall"]]) for label, f in frames if len(f)]
     if not frames:
@@ -236,13 +238,8 @@ def stalls_figure(kernels: Sequence[tuple[str, NcuKernel]], *, top: int = DEFAUL
             customdata=[100 * float(by[r].share) if r in by else 0.0 for r in reasons], name=label, orientation="h",
             hovertemplate="%{y}: %{x:.2f} cycles per issued instruction<br>%{customdata:.1f}% of the warp's cycles"
                           "<extra>%{fullData.name}</extra>"))
-    fig.update_layout(
-        title=title, barmode="group", template="plotly_white", autosize=True,
-        height=160 + 22 * len(reasons) * max(1, len(frames)),
-        xaxis={"title": {"text": "warp cycles per issued instruction"}, "rangemode": "tozero"},
-        yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": -0.12, "title": {"text": "report"}},
-        margin={"l": 150, "r": 30, "t": 60, "b": 60})
-    return fig
+    return ranked_bars_layout(fig, title=title, n_rows=len(reasons), n_groups=len(frames),
+                              x_title="warp cycles per issued instruction", legend_title="report")
 
 
 def _plain(v: Any) -> Any:
