@@ -41,6 +41,10 @@ def _check_offsets_meta(name: str, offsets, device: torch.device) -> None:
             f"{name} must have at least 2 entries ([0, len_0]), got {offsets.numel()}")
     if offsets.device != device:
         raise JaggedInputError(f"{name} is on {offsets.device} but q is on {device}")
+    if offsets.stride(0) != 1:
+        # The kernels read offsets[i] at base + i: a strided view would be read wrong.
+        raise JaggedInputError(f"{name} must be contiguous, got a view with stride {offsets.stride(0)}",
+                               hint=f"pass {name}.contiguous()")
 
 
 def validate_attention_inputs(

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -193,7 +194,9 @@ class AttentionPlan:
     causal: bool
     broadcast_q: bool
     max_seq_len_q: int
-    kv_offsets_ptr: int  # the plan belongs to the offsets tensor it was built from
+    # The offsets it was built from: weak references and their version counters, so that another
+    # tensor (even one the allocator put at the same address) or an in-place change is refused.
+    offsets: tuple = ()
 
 
 def plan_attention(kv_offsets, q_offsets=None, *, max_seq_len_q: int, H: int, window_size=None, causal=False,
@@ -208,16 +211,29 @@ def plan_attention(kv_offsets, q_offsets=None, *, max_seq_len_q: int, H: int, wi
                          max_seq_len_q, block_m=fwd.BLOCK_M, window=window_size, causal=causal,
                          schedule=schedule, n_ctas=n_ctas)
     return AttentionPlan(work, schedule, H, window_size, bool(causal), bool(broadcast_q), int(max_seq_len_q),
-                         kv_offsets.data_ptr())
+                         _identity(kv_offsets, None if broadcast_q else q_offsets))
 
 
-def _check_plan(plan: AttentionPlan, kv_offsets, *, H, window_size, causal, broadcast_q, schedule,
+def _identity(kv_offsets, q_offsets) -> tuple:
+    from jfa_prof.kernels.offsets_cache import version
+
+    return tuple((weakref.ref(t), version(t)) if t is not None else None for t in (kv_offsets, q_offsets))
+
+
+def _check_plan(plan: AttentionPlan, kv_offsets, q_offsets, *, H, window_size, causal, broadcast_q, schedule,
                 max_seq_len_q) -> None:
     """A plan built for other offsets, heads, mask or schedule would visit the wrong tiles."""
-    if kv_offsets.data_ptr() != plan.kv_offsets_ptr:
-        raise BadInputError("plan was built for another kv_offsets tensor",
-                            hint="build one plan per batch with plan_attention(kv_offsets, ...) and pass that "
-                                 "same kv_offsets tensor to every layer")
+    from jfa_prof.kernels.offsets_cache import version
+
+    given = (kv_offsets, None if broadcast_q else q_offsets)
+    for name, t, built in zip(("kv_offsets", "q_offsets"), given, plan.offsets):
+        if (t is None) != (built is None) or (t is not None and built[0]() is not t):
+            raise BadInputError(f"plan was built for another {name} tensor",
+                                hint="build one plan per batch with plan_attention(kv_offsets, ...) and pass that "
+                                     "same offsets tensor to every layer")
+        if t is not None and version(t) != built[1]:
+            raise BadInputError(f"{name} was changed in place after its plan was built",
+                                hint="build the plan again with plan_attention(...) after changing the offsets")
     wanted = {"H": H, "window": window_size, "causal": bool(causal), "broadcast_q": bool(broadcast_q),
               "schedule": schedule, "max_seq_len_q": int(max_seq_len_q)}
     for name, value in wanted.items():
@@ -230,24 +246,37 @@ def _profile_level(profile) -> int:
     return 2 if profile is True else int(profile)
 
 
+def _on_device(fn):
+    """Run `fn` with q's GPU current, as Triton's launches (and compiles) use the current device."""
+    @functools.wraps(fn)
+    def run(q, *args):
+        if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
+            with torch.cuda.device(q.device):
+                return fn(q, *args)
+        return fn(q, *args)
+    return run
+
+
+@_on_device
 def _forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q,
-             schedule, work, validate):
+             schedule, work, validate, eager):
     """The op's forward on real tensors, shared by the eager path and the custom op: the offsets
-    checks (on the device, once per offsets version), the work list (a plan's, or one kept for
-    these offsets: `offsets_cache`), the launch. `window` is None or an int."""
+    checks (on the device), the work list (a plan's, or one built here, kept for these offsets where
+    that is safe: eager broadcast-Q, see `offsets_cache`), the launch. `window` is None or an int."""
     from jfa_prof.kernels import fwd, offsets_cache
 
     require_hopper(q.device)
     Lq = q.shape[0] if broadcast_q else 0
     key = (q.shape[1], window, causal, broadcast_q, schedule, max_seq_len_q, max_seq_len_kv, q.shape[0], k.shape[0])
-    entry = offsets_cache.lookup(kv_offsets, q_offsets, key)
-    if validate and not entry.checked:
+    entry = offsets_cache.lookup(kv_offsets, q_offsets, key, keep=eager and broadcast_q)
+    if validate:
+        # Every call, also where the work list is reused: a write that bypasses the version counter
+        # can change the values, and a few microseconds of checks cost less than a wrong answer.
         from jfa_prof.kernels.checks import check_offsets
 
         check_offsets(kv_offsets, q_offsets, kv_rows=k.shape[0], q_rows=q.shape[0],
                       max_seq_len_kv=max_seq_len_kv if max_seq_len_kv >= 0 else 2**31 - 1,
                       max_seq_len_q=max_seq_len_q, broadcast_q=broadcast_q, Lq=Lq)
-        entry.checked = True
     jagged_q = None if broadcast_q else q_offsets
     nonempty = q.shape[0] > 0 and k.shape[0] > 0  # else fwd_launch writes zeros and launches nothing
     queue = None
@@ -266,6 +295,7 @@ def _forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_s
     return o, lse
 
 
+@_on_device
 def _backward(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal,
               broadcast_q, deterministic):
     require_hopper(q.device)
@@ -288,8 +318,9 @@ def _jfa_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: to
     # work_*: a plan's work list (tiles, n_work, query blocks per head), or None to build one here.
     work = None if work_tiles is None else WorkList(tiles=work_tiles, n_work=work_n, costs=None,
                                                     n_m_blocks=work_m_blocks)
+    # Under torch.compile a buffer may come back with new contents and the same version: nothing kept.
     return _forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale,
-                    None if window == _NO_WINDOW else window, causal, broadcast_q, schedule, work, validate)
+                    None if window == _NO_WINDOW else window, causal, broadcast_q, schedule, work, validate, False)
 
 
 @_jfa_fwd_op.register_fake
@@ -521,7 +552,7 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal,
                 broadcast_q, schedule, work, deterministic, validate):
         o, lse = _forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, sm_scale, window, causal,
-                          broadcast_q, schedule, work, validate)
+                          broadcast_q, schedule, work, validate, True)
         ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, o, lse)
         ctx.args = (max_seq_len_q, max_seq_len_kv, sm_scale, window, causal, broadcast_q, deterministic)
         ctx.mark_non_differentiable(lse)
@@ -551,19 +582,20 @@ def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
     waiting for it: offsets start at 0, never decrease, end at the rows of k (and q), no sequence is
     longer than `max_seq_len_q` / `max_seq_len_kv`. A broken rule fails a device assertion naming it,
     reported by CUDA at the next synchronization (`jfa_prof.kernels.checks`). Shapes, dtypes and the
-    other arguments are checked on the host at once. The checks and the work list are kept for the
-    offsets tensor and reused by later calls that pass the same tensor unchanged (every layer of a
-    model, the backward): `jfa_prof.kernels.offsets_cache`. `plan` (from `plan_attention`) gives a
-    work list explicitly instead.
+    other arguments are checked on the host at once. For broadcast-Q in eager mode the work list is
+    kept for the offsets tensor and reused by later calls that pass the same tensor unchanged (every
+    layer of a model): `jfa_prof.kernels.offsets_cache`, which says why only there. `plan` (from
+    `plan_attention`) gives a work list explicitly; it is refused for other or changed offsets.
 
     `deterministic=True` makes the backward give the same bits every run: dQ is summed in a
     fixed order by a kernel of its own instead of by atomic reduce-adds (slower; see kernels/bwd.py)."""
     validate_attention_inputs(q, k, v, q_offsets, kv_offsets, broadcast_q=broadcast_q, causal=causal,
                               window_size=window_size, sm_scale=sm_scale, max_seq_len_q=max_seq_len_q,
                               max_seq_len_kv=max_seq_len_kv, schedule=schedule)
-    if plan is not None:
-        _check_plan(plan, kv_offsets, H=q.shape[1], window_size=window_size, causal=causal, broadcast_q=broadcast_q,
-                    schedule=schedule, max_seq_len_q=q.shape[0] if broadcast_q else max_seq_len_q)
+    if plan is not None and not _traced(q):
+        _check_plan(plan, kv_offsets, q_offsets, H=q.shape[1], window_size=window_size, causal=causal,
+                    broadcast_q=broadcast_q, schedule=schedule,
+                    max_seq_len_q=q.shape[0] if broadcast_q else max_seq_len_q)
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     window = None if window_size is None else int(window_size)
@@ -581,5 +613,5 @@ def jagged_flash_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             o, lse = _Attention.apply(*args)
         else:
-            o, lse = _forward(*args[:12], args[12], args[14])
+            o, lse = _forward(*args[:12], args[12], args[14], True)
     return (o, lse) if return_lse else o

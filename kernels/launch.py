@@ -14,26 +14,33 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-_kernels: dict[tuple, Any] = {}
-_params: dict[int, tuple] = {}
+_kernels: dict[tuple, Any] = {}  # keyed by the JITFunction itself (held), never by a recyclable id
+_params: dict[Any, tuple] = {}
 
 
 def _param_specs(jit_fn) -> tuple:
     # (is_constexpr, is_const, specialize value, specialize alignment, default) per parameter.
-    specs = _params.get(id(jit_fn))
+    specs = _params.get(jit_fn)
     if specs is None:
         specs = tuple((p.is_constexpr, p.is_const, not p.do_not_specialize, not p.do_not_specialize_on_alignment,
                        p.default) for p in jit_fn.params)
-        _params[id(jit_fn)] = specs
+        # `launch` passes the runtime arguments first and fills the constexprs in after them.
+        first = next((i for i, sp in enumerate(specs) if sp[0]), len(specs))
+        if any(not sp[0] for sp in specs[first:]):
+            raise ValueError(f"{jit_fn.__name__}: a runtime parameter after a constexpr one")
+        _params[jit_fn] = specs
     return specs
 
 
 def _key(jit_fn, args, constexprs, num_warps, num_stages, device_index) -> tuple:
+    from triton import knobs
     from triton._C.libtriton import native_specialize_impl
 
     backend = jit_fn.device_caches[device_index][3]
     specs = _param_specs(jit_fn)
-    return (id(jit_fn), device_index, num_warps, num_stages, tuple(constexprs.items()),
+    # The options `run` adds from Triton's knobs are part of its key: so here.
+    opts = (knobs.runtime.debug, knobs.runtime.sanitize_overflow, knobs.compilation.instrumentation_mode)
+    return (jit_fn, device_index, num_warps, num_stages, opts, tuple(constexprs.items()),
             tuple(native_specialize_impl(backend, a, s[1], s[2], s[3]) for a, s in zip(args, specs)))
 
 

@@ -131,6 +131,14 @@ class TestOffsetsCache:
             got = offsets_cache.lookup(t, None, ())
             assert got is not e or id(t) != key_id
 
+    def test_entries_asked_not_to_be_kept_are_not(self):
+        # Jagged-Q lists and compiled calls: a buffer can change without its version counter moving.
+        off = torch.tensor([0, 3, 8], dtype=torch.int32)
+        e = offsets_cache.lookup(off, off, ("k", ), keep=False)
+        e.work = "list"
+        assert offsets_cache.lookup(off, off, ("k", ), keep=False).work is None
+        assert not offsets_cache._entries
+
     def test_inference_tensors_are_not_kept(self):
         with torch.inference_mode():
             off = torch.tensor([0, 3, 8], dtype=torch.int32)

@@ -44,6 +44,21 @@ def test_a_plan_for_other_offsets_or_lengths_is_refused():
         jagged_flash_attention(q, k, v, None, kv_off.clone(), 200, 300, broadcast_q=True, plan=plan, validate=False)
     with pytest.raises(BadInputError, match="max_seq_len_q=200"):
         jagged_flash_attention(q[:130], k, v, None, kv_off, 130, 300, broadcast_q=True, plan=plan, validate=False)
+    # The same tensor changed in place: its list would visit the old lengths' tiles.
+    kv_off[1] += 0
+    with pytest.raises(BadInputError, match="kv_offsets was changed in place after its plan was built"):
+        jagged_flash_attention(q, k, v, None, kv_off, 200, 300, broadcast_q=True, plan=plan, validate=False)
+
+
+def test_a_plan_goes_by_the_tensor_not_its_address():
+    # The caching allocator hands a freed block to the next batch's offsets: an address proves
+    # nothing. Another tensor object at the same address (here a view) is refused.
+    q, k, v, kv_off = _inputs()
+    plan = plan_attention(kv_off, max_seq_len_q=200, H=4, broadcast_q=True, n_ctas=7)
+    same_address = kv_off[:]
+    assert same_address.data_ptr() == kv_off.data_ptr()
+    with pytest.raises(BadInputError, match="another kv_offsets tensor"):
+        jagged_flash_attention(q, k, v, None, same_address, 200, 300, broadcast_q=True, plan=plan, validate=False)
 
 
 @pytest.mark.gpu

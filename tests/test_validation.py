@@ -149,3 +149,8 @@ def test_never_reads_offset_values():
     validate_attention_inputs(**_args(device="meta"))
     validate_attention_inputs(**_args(device="meta", broadcast_q=True,
                                       q_offsets=torch.zeros(4, dtype=torch.int32, device="meta")))
+
+
+def test_strided_offsets_are_refused():
+    base = torch.tensor([0, 9, 3, 9, 3, 9, 8, 9], dtype=torch.int32)
+    _rejects("kv_offsets must be contiguous, got a view with stride 2", **_args(kv_offsets=base[::2]))
