@@ -25,6 +25,7 @@ order makes that safe, and entries are per stream.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -46,19 +47,22 @@ class Entry:
     _next: int = 0
 
     def counter(self, device) -> torch.Tensor:
-        """A zero int32 [1] counter for one launch, from this entry's block."""
-        if self._counters is None:
-            self._counters = torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
-            self._views = list(self._counters.split(1))
-        elif self._next == _COUNTERS:
-            self._counters.zero_()
-            self._next = 0
-        view = self._views[self._next]
-        self._next += 1
-        return view
+        """A zero int32 [1] counter for one launch, from this entry's block. Locked: two threads
+        launching on one stream must never be handed the same counter."""
+        with _counter_lock:
+            if self._counters is None:
+                self._counters = torch.zeros(_COUNTERS, dtype=torch.int32, device=device)
+                self._views = list(self._counters.split(1))
+            elif self._next == _COUNTERS:
+                self._counters.zero_()
+                self._next = 0
+            view = self._views[self._next]
+            self._next += 1
+            return view
 
 
 _entries: OrderedDict[tuple, Entry] = OrderedDict()
+_counter_lock = threading.Lock()
 
 
 def version(t) -> int | None:
