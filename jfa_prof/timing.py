@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "cuda_graphed", "gpu_ms", "host_breakdown", "host_us_per_call",
-           "kernel_median_ms", "measurement_meta", "require_gpu", "time_twice"]
+__all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "cuda_graphed", "gpu_ms", "host_breakdown",
+           "host_us_per_call", "kernel_median_ms", "measurement_meta", "require_gpu", "time_twice"]
 
 # do_bench's budgets are milliseconds of GPU time, not iteration counts: a 0.1 ms kernel gets
 # ~1000 repeats in 100 ms, a 5 ms one ~20, and both medians settle.

@@ -69,8 +69,9 @@ def _jfa_op(x, schedule: str, planned: bool = False):
     if schedule != DEFAULT_SCHEDULE:
         kw["schedule"] = schedule
     if planned:
-        kw["plan"] = plan_attention(x.kv_offsets, q_off, max_seq_len_q=x.q.shape[0] if w.broadcast_q else x.max_seq_len_q,
-                                    H=w.H, window_size=w.window, causal=w.causal, broadcast_q=w.broadcast_q,
+        kw["plan"] = plan_attention(x.kv_offsets, q_off,
+                                    max_seq_len_q=x.q.shape[0] if w.broadcast_q else x.max_seq_len_q, H=w.H,
+                                    window_size=w.window, causal=w.causal, broadcast_q=w.broadcast_q,
                                     schedule=schedule)
         kw["validate"] = False
 
