@@ -4,7 +4,8 @@ as called (default arguments), its planned launch, each piece under them (argume
 offsets checks, the work list, descriptors, the kernel launch, autograd), a forward+backward step,
 FlashAttention-4's calls when it is importable, and what a bare launch costs on this host (an empty
 Triton kernel, torch.empty), which bounds every figure above it. Also each call's do_bench median
-and GPU time per call, and a cProfile of the op as called.
+and GPU time per call, a cProfile of the op as called, and both kernels' time with the TMA
+descriptors they build themselves against host-made ones.
 
     python benchmarks/host_path.py --out benchmarks/results/host_path_<gpu>_<date>.json
 """
@@ -15,6 +16,7 @@ import io
 import json
 import math
 import pstats
+import statistics
 import sys
 
 import torch
@@ -50,7 +52,6 @@ def profile_text(fn, calls=50, top=20):
 
 def host_us_idle_gpu(fn, n=50):
     """Median host microseconds of one call started on an idle GPU."""
-    import statistics
     import time
 
     times = []
@@ -127,6 +128,18 @@ def point(w):
     o_saved, lse_saved = jagged_flash_attention(x.q, x.k, x.v, None, kv_off, Lq, x.max_seq_len_kv, broadcast_q=True,
                                                 return_lse=True)
 
+    def fwd_piece(host_descriptors):
+        return lambda: fwd_launch(x.q, x.k, x.v, None, kv_off, Lq, sm_scale=scale, window=None, causal=False,
+                                  broadcast_q=True, schedule="dynamic", work=plan.work,
+                                  host_descriptors=host_descriptors)
+
+    def bwd_piece(host_descriptors):
+        return lambda: bwd_launch(x.q, x.k, x.v, o_saved, lse_saved, do, None, kv_off, Lq, x.max_seq_len_kv,
+                                  sm_scale=scale, window=None, causal=False, broadcast_q=True,
+                                  host_descriptors=host_descriptors)
+
+    # The work list's sort alone, on as many keys as it sorts (one per tile slot).
+    sort_keys = torch.randint(0, 9, (plan.work.tiles.numel(), ), device="cuda", dtype=torch.int32)
     calls = {
         "fwd_op": op,
         "fwd_op_new_offsets": op_new_offsets,
@@ -142,13 +155,13 @@ def point(w):
                                                                           x.max_seq_len_kv, Lq, x.k.shape[0])),
         "piece:work_list": lambda: fwd_work_list(kv_off, None, Lq, H, Lq, block_m=fwd.BLOCK_M, window=None,
                                                  causal=False, schedule="dynamic", n_ctas=n_sms),
+        "piece:work_list_sort": lambda: torch.sort(sort_keys, descending=True, stable=True),
         "piece:descriptors": lambda: [_descriptor(t, 64, D) for t in (x.q, x.k, x.v, o_saved)],
         "piece:kernel_launch_prebuilt_args": lambda: real_launch(*caught["args"]),
-        "piece:fwd_launch": lambda: fwd_launch(x.q, x.k, x.v, None, kv_off, Lq, sm_scale=scale, window=None,
-                                               causal=False, broadcast_q=True, schedule="dynamic", work=plan.work),
-        "piece:bwd_launch": lambda: bwd_launch(x.q, x.k, x.v, o_saved, lse_saved, do, None, kv_off, Lq,
-                                               x.max_seq_len_kv, sm_scale=scale, window=None, causal=False,
-                                               broadcast_q=True),
+        "piece:fwd_launch": fwd_piece(False),
+        "piece:fwd_launch_host_descriptors": fwd_piece(True),
+        "piece:bwd_launch": bwd_piece(False),
+        "piece:bwd_launch_host_descriptors": bwd_piece(True),
         "host:empty_triton_launch": lambda: _empty_kernel[(1, )](x.q),
         "host:torch_empty": lambda: torch.empty(16, device="cuda"),
         "host:torch_add": lambda: x.q.add(1),
@@ -161,12 +174,24 @@ def point(w):
     timed = {n: calls[n] for n in ("fwd_op", "fwd_op_planned", "fwd_bwd_step", "fa4_fwd", "fa4_fwd_bwd") if n in calls}
     do_bench_ms = {n: timing.bench(fn) for n, fn in timed.items()}
     gpu_ms = {n: timing.gpu_ms(fn) for n, fn in timed.items()}
+    # The kernels with the descriptors they build themselves against host-made ones: kernel time
+    # alone (CUPTI), alternated rounds.
+    kernel_calls = {"fwd_device_descriptors": ("_jfa_fwd", fwd_piece(False)),
+                    "fwd_host_descriptors": ("_jfa_fwd", fwd_piece(True)),
+                    "bwd_device_descriptors": ("_jfa_bwd", bwd_piece(False)),
+                    "bwd_host_descriptors": ("_jfa_bwd", bwd_piece(True))}
+    kernel_rounds = {name: [] for name in kernel_calls}
+    for _ in range(5):
+        for name, (kernel, fn) in kernel_calls.items():
+            kernel_rounds[name].append(timing.kernel_median_ms(fn, kernel))
+    kernel_ms = {name: statistics.median(r) for name, r in kernel_rounds.items()}
+    print("  kernel ms", {k: round(v, 4) for k, v in kernel_ms.items()}, flush=True)
     for name, us in host_us.items():
         print(f"  {name:34s} {us:8.1f} us  (idle GPU {host_us_idle[name]:8.1f})", flush=True)
     print("  do_bench ms", {k: round(v, 4) for k, v in do_bench_ms.items()}, flush=True)
     print("  gpu ms", {k: round(v, 4) for k, v in gpu_ms.items()}, flush=True)
     return {"workload": w.label, "host_us": host_us, "host_us_idle_gpu": host_us_idle, "do_bench_ms": do_bench_ms,
-            "gpu_ms": gpu_ms, "profile_fwd_op": profile_text(op), "profile_fwd_bwd_step": profile_text(step, top=30)}
+            "gpu_ms": gpu_ms, "kernel_ms": kernel_ms, "kernel_ms_rounds": kernel_rounds, "profile_fwd_op": profile_text(op), "profile_fwd_bwd_step": profile_text(step, top=30)}
 
 
 def main():

@@ -42,13 +42,20 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
+def _row_stride(t: torch.Tensor) -> int:
+    # A one-row tensor's stride(0) is arbitrary; TMA reads it as [rows, heads * D] all the same.
+    rows, heads, dim = t.shape
+    return t.stride(0) if rows > 1 else heads * dim
+
+
 def _descriptor(t: torch.Tensor, block_rows: int, head_dim: int):
-    """A TMA descriptor over a `tma_ready` tensor, seen as `[rows, heads * D]` with its row stride."""
+    """A host-made TMA descriptor over a `tma_ready` tensor, seen as `[rows, heads * D]` with its row
+    stride (the kernels build their own unless asked for these, to compare the two)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     rows, heads, dim = t.shape
-    row_stride = t.stride(0) if rows > 1 else heads * dim
-    return TensorDescriptor(t, shape=[rows, heads * dim], strides=[row_stride, 1], block_shape=[block_rows, head_dim])
+    return TensorDescriptor(t, shape=[rows, heads * dim], strides=[_row_stride(t), 1],
+                            block_shape=[block_rows, head_dim])
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,7 +85,7 @@ def require_hopper(device: torch.device) -> None:
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
                schedule=DEFAULT_SCHEDULE, peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
                lse_out=None, work=None, queue=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None,
-               block_n=None):
+               block_n=None, host_descriptors=False):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
     q, k and v may be any strided views (`tma_ready`: read in place where TMA allows, else copied).
@@ -91,7 +98,8 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     alone. `ablate` is a bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on
     purpose. `kv_stages`, `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per
     consumer and the keys per KV block, for benchmarks of the choice (a `work` list must have been
-    built for that `block_n`). With no query rows or no keys nothing is launched: the output is
+    built for that `block_n`). `host_descriptors` passes TMA descriptors made on the host instead
+    of letting each CTA build its own, to compare the two. With no query rows or no keys nothing is launched: the output is
     zeros and the log-sum-exp -inf (no row sees a key), and FwdLaunch has n_ctas 0."""
     from jfa_prof.kernels import fwd
 
@@ -139,10 +147,15 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     else:
         rec = _unused_records(q.device)
     q_off = kv_offsets if q_offsets is None else q_offsets
+    if host_descriptors:
+        tma_args = (_descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, block_n, D), _descriptor(v, block_n, D),
+                    _descriptor(o, fwd.BLOCK_M // 2, D))
+    else:  # the kernel builds them from the pointers and the row counts and strides below
+        tma_args = (q, k, v, o)
     args = (
-        _descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, block_n, D), _descriptor(v, block_n, D),
-        _descriptor(o, fwd.BLOCK_M // 2, D), o, lse, q_off, kv_offsets, work.tiles, work.n_work, queue, rec,
+        *tma_args, o, lse, q_off, kv_offsets, work.tiles, work.n_work, queue, rec,
         sm_scale, H, H // H_kv, work.n_m_blocks, Lq or 0, window if window is not None else 0, total_rows,
+        q.shape[0], _row_stride(q), k.shape[0], _row_stride(k), _row_stride(v),
         layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
         layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
     constexprs = _fwd_constexprs(D, broadcast_q, causal, window is not None, peel, schedule, _profile_level(profile),
@@ -357,7 +370,8 @@ def bwd_launch(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_se
 
 def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale,
                         window, causal, broadcast_q, dk_out=None, dv_out=None, dq=None, dq_stages=None,
-                        schedule=None, profile=0, record_capacity=None, n_ctas=None, ablate=0, block_m=None):
+                        schedule=None, profile=0, record_capacity=None, n_ctas=None, ablate=0, block_m=None,
+                        host_descriptors=False):
     """`bwd_launch` that also returns the record buffer (None unless `profile`) and a `BwdLaunch`.
 
     `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; the default), "atomic" or
@@ -365,7 +379,8 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     `schedule`: "static" (round-robin) or "dynamic" (atomic queue); `profile`: instrumentation
     level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the waterfall, which makes the
     gradients wrong on purpose; `block_m`: query rows per inner step (default `bwd.BLOCK_M`; 32 or
-    64, for benchmarks of the choice)."""
+    64, for benchmarks of the choice); `host_descriptors`: TMA descriptors made on the host instead
+    of in the kernel, to compare the two."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from jfa_prof.kernels import bwd
@@ -412,15 +427,8 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
         max_seq_len_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max()) if B > 0 else 0
     delta, tile_cum = _bwd_delta(o, do, kv_offsets)
 
-    # dQ accumulates in fp32, [rows, H * D] (at least one row, so that the descriptor has a shape).
-    rows_acc = max(rows_q, 1)
-    if dq_mode == "deterministic":
-        dq_acc = None
-        dq_desc = TensorDescriptor(torch.empty((block_m, D), dtype=torch.float32, device=dev), shape=[block_m, D],
-                                   strides=[D, 1], block_shape=[block_m, D])  # never read
-    else:
-        dq_acc = torch.zeros((rows_acc, H * D), dtype=torch.float32, device=dev)
-        dq_desc = TensorDescriptor(dq_acc, shape=[rows_acc, H * D], strides=[H * D, 1], block_shape=[block_m, D])
+    # dQ accumulates in fp32, [rows, H * D] (rows_q > 0 here).
+    dq_acc = None if dq_mode == "deterministic" else torch.zeros((rows_q, H * D), dtype=torch.float32, device=dev)
 
     max_tiles = B * H_kv * ((max_seq_len_kv + bwd.BLOCK_N - 1) // bwd.BLOCK_N)
     grid = max(1, min(n_ctas or _sm_count(dev), max_tiles))
@@ -440,10 +448,18 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
         constexprs = bwd.bwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                         has_window=window is not None, dq=dq_mode, dq_stages=dq_stages,
                                         schedule=schedule, profile=profile, ablate=ablate, block_m=block_m)
-        args = (_descriptor(q, block_m, D), _descriptor(k, bwd.BLOCK_N, D), _descriptor(v, bwd.BLOCK_N, D),
-                _descriptor(do, block_m, D), lse, delta, dq_acc if dq_acc is not None else delta, dq_desc, dk, dv,
+        dq_ptr = dq_acc if dq_acc is not None else delta  # deterministic: never read
+        if host_descriptors:
+            tma_args = (_descriptor(q, block_m, D), _descriptor(k, bwd.BLOCK_N, D), _descriptor(v, bwd.BLOCK_N, D),
+                        _descriptor(do, block_m, D))
+            dq_arg = dq_ptr if dq_acc is None else TensorDescriptor(dq_acc, shape=[rows_q, H * D], strides=[H * D, 1],
+                                                                   block_shape=[block_m, D])
+        else:  # the kernel builds them from the pointers and the row counts and strides below
+            tma_args, dq_arg = (q, k, v, do), dq_ptr
+        args = (*tma_args, lse, delta, dq_ptr, dq_arg, dk, dv,
                 q_off, kv_offsets, tile_cum, queue, rec, sm_scale, H, H // H_kv, B, rows_q if broadcast_q else 0, win,
-                total_rows, dk.shape[1], layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
+                total_rows, dk.shape[1], rows_q, _row_stride(q), k.shape[0], _row_stride(k), _row_stride(v),
+                layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
                 layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
         _launch(bwd._jfa_bwd, (grid, ), args, constexprs, bwd.NUM_WARPS, bwd.NUM_STAGES, dev)
     else:

@@ -60,6 +60,7 @@ import triton.language.extra.tlx as tlx
 
 from jfa_prof.kernels import C_CACHE
 from jfa_prof.kernels import profiling as prof
+from jfa_prof.kernels import tma
 from jfa_prof.kernels.registry import KernelVariant, provider
 from jfa_prof.records import BWD_ROLES, BWD_SITES
 
@@ -354,14 +355,23 @@ def _store_rows(buf, row0: tl.constexpr, ptr, row_stride, n_rows, ROWS: tl.const
 # (== 1, divisible by 16) would recompile per batch and make the launched binary differ from the
 # one `jfa-prof spills` compiles from the registry.
 @triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads",
+                               "q_rows", "q_stride", "kv_rows", "k_stride", "v_stride",
                                "tiles_off", "tile_cap", "spans_off", "waits_off"], c_cache=C_CACHE)
 def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_desc, dk_ptr, dv_ptr, q_offsets, kv_offsets,
              tile_cum, queue, rec_ptr, sm_scale, H, GROUP, B, Lq_bcast, window, total_rows, dkv_heads,
-             tiles_off, tile_cap, spans_off, waits_off,
+             q_rows, q_stride, kv_rows, k_stride, v_stride, tiles_off, tile_cap, spans_off, waits_off,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              DQ_MODE: tl.constexpr, DQ_STAGES: tl.constexpr, DYNAMIC: tl.constexpr, PROFILE: tl.constexpr,
              ABLATE: tl.constexpr):
+    # Q, K, V, dO and the fp32 dQ accumulator come as pointers (the op) or as host-made descriptors
+    # (a caller comparing the two); dO and dQ are row-major, [rows, H * HEAD_DIM].
+    q_desc = tma.descriptor(q_desc, q_rows, H * HEAD_DIM, q_stride, BLOCK_M, HEAD_DIM)
+    k_desc = tma.descriptor(k_desc, kv_rows, (H // GROUP) * HEAD_DIM, k_stride, BLOCK_N, HEAD_DIM)
+    v_desc = tma.descriptor(v_desc, kv_rows, (H // GROUP) * HEAD_DIM, v_stride, BLOCK_N, HEAD_DIM)
+    do_desc = tma.descriptor(do_desc, total_rows, H * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
+    if DQ_MODE == DQ_TMA:
+        dq_desc = tma.descriptor(dq_desc, q_rows, H * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
     dtype: tl.constexpr = tlx.dtype_of(q_desc)
     NO_DQ: tl.constexpr = (ABLATE & 1) != 0 or DQ_MODE == DQ_NONE
     NO_REDUCE: tl.constexpr = (ABLATE & 2) != 0
@@ -688,15 +698,13 @@ def _jfa_bwd_dq(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, q_offse
 # Variants: every constexpr combination the op can launch, by name.
 # ---------------------------------------------------------------------------------------------
 def bwd_signature(dtype: str, head_dim: int) -> dict[str, str]:
-    q_block = f"tensordesc<{dtype}[{BLOCK_M},{head_dim}]>"
-    kv_block = f"tensordesc<{dtype}[{BLOCK_N},{head_dim}]>"
-    sig = {"q_desc": q_block, "k_desc": kv_block, "v_desc": kv_block, "do_desc": q_block,
-           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*fp32",
-           "dq_desc": f"tensordesc<fp32[{BLOCK_M},{head_dim}]>",
+    # As the op launches it: the TMA operands as pointers, their descriptors built in the kernel.
+    sig = {"q_desc": f"*{dtype}", "k_desc": f"*{dtype}", "v_desc": f"*{dtype}", "do_desc": f"*{dtype}",
+           "lse_ptr": "*fp32", "delta_ptr": "*fp32", "dq_ptr": "*fp32", "dq_desc": "*fp32",
            "dk_ptr": f"*{dtype}", "dv_ptr": f"*{dtype}", "q_offsets": "*i32", "kv_offsets": "*i32",
            "tile_cum": "*i32", "queue": "*i32", "rec_ptr": "*i64", "sm_scale": "fp32"}
-    for name in ("H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "tiles_off",
-                 "tile_cap", "spans_off", "waits_off"):
+    for name in ("H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "dkv_heads", "q_rows", "q_stride",
+                 "kv_rows", "k_stride", "v_stride", "tiles_off", "tile_cap", "spans_off", "waits_off"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "DQ_MODE", "DQ_STAGES",
                  "DYNAMIC", "PROFILE", "ABLATE"):

@@ -23,6 +23,7 @@ import triton.language.extra.tlx as tlx
 
 from jfa_prof.kernels import C_CACHE
 from jfa_prof.kernels import profiling as prof
+from jfa_prof.kernels import tma
 from jfa_prof.kernels.registry import KernelVariant, provider
 from jfa_prof.records import FWD_ROLES, FWD_SITES
 
@@ -306,11 +307,13 @@ def _consume_range(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
 # uninstrumented kernel timed 1.04x slower at hsp Lq=128 max=1024 s=0.1 (both schedules), 0.94x at
 # Lq=256 max=4096 s=0.9 (static), the same elsewhere: mixed, so not kept
 # (benchmarks/results/variants/fwd_unspecialized_ints_h200_2026-11-30_*.json).
-@triton.jit(c_cache=C_CACHE)
+# The row counts and strides of Q, K and V only feed the descriptors the kernel builds: unspecialized,
+# a new batch's row count never compiles another binary.
+@triton.jit(do_not_specialize=["q_rows", "q_stride", "kv_rows", "k_stride", "v_stride"], c_cache=C_CACHE)
 def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offsets,
              work_list, n_work_ptr, queue_ptr, rec_ptr,
              sm_scale, H, GROUP, n_m_blocks, Lq_bcast, window, total_rows,
-             rec_tiles_off, rec_tile_cap, rec_spans_off, rec_waits_off,
+             q_rows, q_stride, kv_rows, k_stride, v_stride, rec_tiles_off, rec_tile_cap, rec_spans_off, rec_waits_off,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              PEEL: tl.constexpr, SCHEDULE: tl.constexpr, PROFILE: tl.constexpr,
@@ -321,6 +324,11 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
     REUSE_KV: tl.constexpr = (ABLATE & 4) != 0
     NO_MASK: tl.constexpr = (ABLATE & 8) != 0
     DYNAMIC: tl.constexpr = SCHEDULE == 2
+    # q, k, v and o come as pointers (the op) or as host-made descriptors (a caller comparing the two).
+    desc_q = tma.descriptor(desc_q, q_rows, H * HEAD_DIM, q_stride, SPLIT_M, HEAD_DIM)
+    desc_k = tma.descriptor(desc_k, kv_rows, (H // GROUP) * HEAD_DIM, k_stride, BLOCK_N, HEAD_DIM)
+    desc_v = tma.descriptor(desc_v, kv_rows, (H // GROUP) * HEAD_DIM, v_stride, BLOCK_N, HEAD_DIM)
+    desc_o = tma.descriptor(desc_o, total_rows, H * HEAD_DIM, H * HEAD_DIM, SPLIT_M, HEAD_DIM)
     dtype: tl.constexpr = tlx.dtype_of(desc_q)
     TILE_BYTES_Q: tl.constexpr = tlx.size_of(dtype) * SPLIT_M * HEAD_DIM
     TILE_BYTES_KV: tl.constexpr = tlx.size_of(dtype) * BLOCK_N * HEAD_DIM
@@ -566,12 +574,12 @@ _DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 
 
 def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str, str]:
-    q_block = f"tensordesc<{dtype}[{BLOCK_M // 2},{head_dim}]>"
-    kv_block = f"tensordesc<{dtype}[{block_n},{head_dim}]>"
-    sig = {"desc_q": q_block, "desc_k": kv_block, "desc_v": kv_block, "desc_o": q_block, "o_ptr": f"*{dtype}", "lse_ptr": "*fp32",
+    # As the op launches it: q, k, v and o as pointers, their descriptors built in the kernel.
+    sig = {"desc_q": f"*{dtype}", "desc_k": f"*{dtype}", "desc_v": f"*{dtype}", "desc_o": f"*{dtype}", "o_ptr": f"*{dtype}", "lse_ptr": "*fp32",
            "q_offsets": "*i32", "kv_offsets": "*i32", "work_list": "*i32", "n_work_ptr": "*i32",
            "queue_ptr": "*i32", "rec_ptr": "*i64", "sm_scale": "fp32"}
-    for name in ("H", "GROUP", "n_m_blocks", "Lq_bcast", "window", "total_rows", "rec_tiles_off", "rec_tile_cap",
+    for name in ("H", "GROUP", "n_m_blocks", "Lq_bcast", "window", "total_rows", "q_rows", "q_stride", "kv_rows",
+                 "k_stride", "v_stride", "rec_tiles_off", "rec_tile_cap",
                  "rec_spans_off", "rec_waits_off"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "PEEL", "SCHEDULE",

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
+
 _kernels: dict[tuple, Any] = {}  # keyed by the JITFunction itself (held), never by a recyclable id
 _params: dict[Any, tuple] = {}
 
@@ -44,10 +46,30 @@ def _key(jit_fn, args, constexprs, num_warps, num_stages, device_index) -> tuple
             tuple(native_specialize_impl(backend, a, s[1], s[2], s[3]) for a, s in zip(args, specs)))
 
 
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # Global scratch for the descriptors the kernels build (128 bytes each per CTA), from torch's
+    # caching allocator: no cudaMalloc per launch, and graph-safe under capture.
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def launch(jit_fn, grid: tuple[int, ...], args: Sequence[Any], constexprs: dict[str, Any], *, num_warps: int,
            num_stages: int, device_index: int, stream: int) -> None:
     """`jit_fn[grid](*args, **constexprs, num_warps=..., num_stages=...)`, on `stream` of the device
-    `device_index` (the current one), with the runtime `args` positional and in order."""
+    `device_index` (the current one), with the runtime `args` positional and in order. A kernel
+    that needs global scratch gets it from torch unless the caller set a Triton allocator."""
+    from triton.runtime import _allocation
+
+    if not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        _launch(jit_fn, grid, args, constexprs, num_warps, num_stages, device_index, stream)
+        return
+    token = _allocation._allocator.set(_scratch)
+    try:
+        _launch(jit_fn, grid, args, constexprs, num_warps, num_stages, device_index, stream)
+    finally:
+        _allocation._allocator.reset(token)
+
+
+def _launch(jit_fn, grid, args, constexprs, num_warps, num_stages, device_index, stream) -> None:
     from triton import knobs
 
     caches = getattr(jit_fn, "device_caches", None)

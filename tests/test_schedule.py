@@ -102,3 +102,42 @@ def test_gpu_plan_matches_the_reference(cuda_device, schedule, broadcast, window
     ref = fwd_work_list(*args, **kw, reference=True)
     assert torch.equal(fast.tiles, ref.tiles) and torch.equal(fast.n_work, ref.n_work)
     assert torch.equal(fast.costs, ref.costs)
+
+
+_PLAN_CHILD = """
+import itertools, json, torch
+from jfa_prof.inputs import offsets_from_lengths
+from jfa_prof.kernels.plan import fwd_work_list_gpu
+from jfa_prof.schedule import fwd_work_list
+g = torch.Generator().manual_seed(3)
+for schedule, broadcast in itertools.product(["static", "lpt", "dynamic"], [True, False]):
+    # Lengths 0, 1 and one past a block among random ones; jagged Q gives over 1024 tiles (two chunks).
+    kv_lens = torch.cat([torch.tensor([0, 1, 129, 1400]), torch.randint(0, 1500, (46, ), generator=g)])
+    rows = 256 if broadcast else int(kv_lens.max())
+    Lq, q_off = (256, None) if broadcast else (None, offsets_from_lengths(kv_lens))
+    kv_off = offsets_from_lengths(kv_lens)
+    kw = dict(block_m=128, block_n=128, window=None, causal=not broadcast, schedule=schedule, n_ctas=7)
+    ref = fwd_work_list(kv_off, q_off, Lq, 2, rows, **kw, reference=True)
+    tiles, n_work, costs, queue = fwd_work_list_gpu(kv_off, q_off, Lq, 2, ref.n_m_blocks, **kw)
+    print(json.dumps({"case": f"{schedule} broadcast={broadcast}", "tiles": tiles.numel(),
+                      "same": torch.equal(tiles, ref.tiles) and torch.equal(n_work, ref.n_work)
+                      and torch.equal(costs, ref.costs) and int(queue) == 0}))
+"""
+
+
+def test_fused_plan_matches_the_reference_in_the_interpreter():
+    """The two plan kernels (a counting sort in place of torch.sort) give the reference's list
+    exactly, run by Triton's interpreter in a child process (it is chosen at decoration)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = subprocess.run([sys.executable, "-c", _PLAN_CHILD], capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).parent.parent, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stderr[-4000:]
+    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == 6, run.stdout[-2000:]
+    assert max(r["tiles"] for r in results) > 1024  # at least one list spans two chunks
+    assert all(r["same"] for r in results), results
