@@ -425,14 +425,16 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     do = do.to(o.dtype).contiguous()
     if max_seq_len_kv < 0:
         max_seq_len_kv = int((kv_offsets[1:] - kv_offsets[:-1]).max()) if B > 0 else 0
-    delta, tile_cum = _bwd_delta(o, do, kv_offsets)
-
-    # dQ accumulates in fp32, [rows, H * D] (rows_q > 0 here).
-    dq_acc = None if dq_mode == "deterministic" else torch.zeros((rows_q, H * D), dtype=torch.float32, device=dev)
+    # dQ accumulates in fp32, [rows, H * D] (rows_q > 0 here); the delta kernel zeroes it and the
+    # dynamic schedule's counter.
+    dq_acc = None if dq_mode == "deterministic" else torch.empty((rows_q, H * D), dtype=torch.float32, device=dev)
+    queue = torch.empty(1, dtype=torch.int32, device=dev) if schedule == "dynamic" else None
+    delta, tile_cum = _bwd_delta(o, do, kv_offsets, dq_acc, queue)
 
     max_tiles = B * H_kv * ((max_seq_len_kv + bwd.BLOCK_N - 1) // bwd.BLOCK_N)
     grid = max(1, min(n_ctas or _sm_count(dev), max_tiles))
-    queue = torch.zeros(1, dtype=torch.int32, device=dev) if schedule == "dynamic" else tile_cum
+    if queue is None:
+        queue = tile_cum  # a placeholder the static kernel never touches
     layout = None
     if profile:
         cap = max_tiles if record_capacity is None else record_capacity
@@ -484,9 +486,10 @@ def _copied_into(given, result):
     return given
 
 
-def _bwd_delta(o, do, kv_offsets):
+def _bwd_delta(o, do, kv_offsets, dq_acc, queue):
     """delta = rowsum(dO * O), [H, rows] fp32, and the main kernel's tile list: KV blocks per
-    sequence, prefix-summed on the device by the same kernel (no host sync)."""
+    sequence, prefix-summed on the device by the same kernel (no host sync). The same kernel
+    zeroes `dq_acc` ([rows_q, H * D] fp32, rows_q <= rows) and `queue` where they are given."""
     from jfa_prof.kernels import bwd
 
     total_rows, H, D = o.shape
@@ -494,7 +497,10 @@ def _bwd_delta(o, do, kv_offsets):
     delta = torch.empty((H, total_rows), dtype=torch.float32, device=o.device)
     tile_cum = torch.empty(B + 1, dtype=torch.int32, device=o.device)
     grid = (max(1, (total_rows + bwd.DELTA_ROWS - 1) // bwd.DELTA_ROWS), H)
-    _launch(bwd._jfa_bwd_delta, grid, (o, do, delta, kv_offsets, tile_cum, total_rows, H, B),
+    dq_rows = 0 if dq_acc is None else dq_acc.shape[0]
+    _launch(bwd._jfa_bwd_delta, grid,
+            (o, do, delta, kv_offsets, tile_cum, delta if dq_acc is None else dq_acc,
+             tile_cum if queue is None else queue, total_rows, H, B, dq_rows, int(queue is not None)),
             bwd.delta_constexprs(head_dim=D), bwd.DELTA_WARPS, 1, o.device)
     return delta, tile_cum
 

@@ -120,9 +120,12 @@ _LOG2E = tl.constexpr(1.4426950408889634)
 _STORE_ROWS = tl.constexpr(16)  # dK / dV rows per store: 16 x 128 bf16 is one 16-byte vector per thread
 
 
-@triton.jit(do_not_specialize=["total_rows", "H", "B"], c_cache=C_CACHE)
-def _jfa_bwd_delta(o_ptr, do_ptr, delta_ptr, kv_offsets, tile_cum, total_rows, H, B, HEAD_DIM: tl.constexpr,
-                   BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
+@triton.jit(do_not_specialize=["total_rows", "H", "B", "dq_rows", "zero_queue"], c_cache=C_CACHE)
+def _jfa_bwd_delta(o_ptr, do_ptr, delta_ptr, kv_offsets, tile_cum, dq_ptr, queue, total_rows, H, B, dq_rows,
+                   zero_queue, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
+    """Also zeroes the first `dq_rows` rows of the fp32 dQ accumulator (`[rows, H, HEAD_DIM]`; at
+    most total_rows) and, where `zero_queue`, the dynamic schedule's counter: two fills fewer to
+    launch before the main kernel."""
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     h = tl.program_id(1)
     cols = tl.arange(0, HEAD_DIM)
@@ -131,9 +134,12 @@ def _jfa_bwd_delta(o_ptr, do_ptr, delta_ptr, kv_offsets, tile_cum, total_rows, H
     o = tl.load(o_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
     do = tl.load(do_ptr + offs, mask=ok[:, None], other=0.0).to(tl.float32)
     tl.store(delta_ptr + h.to(tl.int64) * total_rows + rows, tl.sum(o * do, 1), mask=ok)
+    tl.store(dq_ptr + offs, tl.zeros([BLOCK_ROWS, HEAD_DIM], tl.float32), mask=(rows < dq_rows)[:, None])
     # The main kernel's tile list: tile_cum[b] = KV blocks in the sequences before b. One program
     # scans it here rather than a chain of small tensor ops, each a launch of its own.
     if (tl.program_id(0) == 0) & (h == 0):
+        if zero_queue != 0:
+            tl.store(queue, 0)
         tl.store(tile_cum, 0)
         carry = 0
         for start in range(0, B, SCAN):
@@ -739,7 +745,8 @@ def dq_constexprs(*, head_dim, broadcast_q, causal, has_window) -> dict:
 
 def delta_signature(dtype: str) -> dict[str, str]:
     return {"o_ptr": f"*{dtype}", "do_ptr": f"*{dtype}", "delta_ptr": "*fp32", "kv_offsets": "*i32",
-            "tile_cum": "*i32", "total_rows": "i32", "H": "i32", "B": "i32", "HEAD_DIM": "constexpr",
+            "tile_cum": "*i32", "dq_ptr": "*fp32", "queue": "*i32", "total_rows": "i32", "H": "i32", "B": "i32",
+            "dq_rows": "i32", "zero_queue": "i32", "HEAD_DIM": "constexpr",
             "BLOCK_ROWS": "constexpr", "BLOCK_N": "constexpr", "SCAN": "constexpr"}
 
 

@@ -139,8 +139,13 @@ def interpreted_dq(q, k, v, q_off, kv_off, *, window=None, causal=False):
     rows = B * q.shape[0] if broadcast else q.shape[0]
     do = torch.randn(rows, q.shape[1], q.shape[2], device=q.device).to(q.dtype)
     o, lse, ref = reference(q, k, v, q_off, kv_off, do, window=window, causal=causal)
-    delta, _ = _bwd_delta(o.to(q.dtype), do, kv_off)
     H, D, rows_q = q.shape[1], q.shape[2], q.shape[0]
+    # The delta kernel also zeroes the fp32 dQ accumulator and the dynamic schedule's counter for
+    # the main kernel: given poisoned ones here, it must leave zeros.
+    dq_acc = torch.full((rows_q, H * D), float("nan"), device=q.device)
+    queue = torch.full((1, ), 7, dtype=torch.int32, device=q.device)
+    delta, _ = _bwd_delta(o.to(q.dtype), do, kv_off, dq_acc, queue)
+    assert torch.equal(dq_acc, torch.zeros_like(dq_acc)) and int(queue) == 0, "the delta kernel left dQ or the counter"
     q_arg = kv_off if broadcast else q_off
     acc = _deterministic_dq(q, k, v, do, lse, delta, q_arg, kv_off, 1 / math.sqrt(D), H, k.shape[1], B, rows_q,
                             window if window is not None else 0, rows, -1, window, causal, broadcast)

@@ -90,8 +90,8 @@ for dtype in (torch.int32, torch.int64):
     off = offsets_from_lengths(lens).to(dtype)
     cum = torch.full((lens.numel() + 1, ), -7, dtype=torch.int32)
     empty = torch.empty(0, 1, 64)
-    bwd._jfa_bwd_delta[(1, 1)](empty, empty, torch.empty(1, 0), off, cum, 0, 1, lens.numel(),
-                               **bwd.delta_constexprs(head_dim=64))
+    bwd._jfa_bwd_delta[(1, 1)](empty, empty, torch.empty(1, 0), off, cum, torch.empty(0), cum, 0, 1, lens.numel(),
+                               0, 0, **bwd.delta_constexprs(head_dim=64))
     print(json.dumps(cum.tolist()))
 """
 
