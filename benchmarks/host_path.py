@@ -191,7 +191,8 @@ def point(w):
     print("  do_bench ms", {k: round(v, 4) for k, v in do_bench_ms.items()}, flush=True)
     print("  gpu ms", {k: round(v, 4) for k, v in gpu_ms.items()}, flush=True)
     return {"workload": w.label, "host_us": host_us, "host_us_idle_gpu": host_us_idle, "do_bench_ms": do_bench_ms,
-            "gpu_ms": gpu_ms, "kernel_ms": kernel_ms, "kernel_ms_rounds": kernel_rounds, "profile_fwd_op": profile_text(op), "profile_fwd_bwd_step": profile_text(step, top=30)}
+            "gpu_ms": gpu_ms, "kernel_ms": kernel_ms, "kernel_ms_rounds": kernel_rounds,
+            "profile_fwd_op": profile_text(op), "profile_fwd_bwd_step": profile_text(step, top=30)}
 
 
 def main():

@@ -99,8 +99,9 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     purpose. `kv_stages`, `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per
     consumer and the keys per KV block, for benchmarks of the choice (a `work` list must have been
     built for that `block_n`). `host_descriptors` passes TMA descriptors made on the host instead
-    of letting each CTA build its own, to compare the two. With no query rows or no keys nothing is launched: the output is
-    zeros and the log-sum-exp -inf (no row sees a key), and FwdLaunch has n_ctas 0."""
+    of letting each CTA build its own, to compare the two. With no query rows or no keys nothing
+    is launched: the output is zeros and the log-sum-exp -inf (no row sees a key), and FwdLaunch
+    has n_ctas 0."""
     from jfa_prof.kernels import fwd
 
     H, D = q.shape[1], q.shape[2]

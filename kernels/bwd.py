@@ -122,7 +122,8 @@ _STORE_ROWS = tl.constexpr(16)  # dK / dV rows per store: 16 x 128 bf16 is one 1
 
 @triton.jit(do_not_specialize=["total_rows", "H", "B", "dq_rows", "zero_queue"], c_cache=C_CACHE)
 def _jfa_bwd_delta(o_ptr, do_ptr, delta_ptr, kv_offsets, tile_cum, dq_ptr, queue, total_rows, H, B, dq_rows,
-                   zero_queue, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
+                   zero_queue, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SCAN: tl.constexpr):
     """Also zeroes the first `dq_rows` rows of the fp32 dQ accumulator (`[rows, H, HEAD_DIM]`; at
     most total_rows) and, where `zero_queue`, the dynamic schedule's counter: two fills fewer to
     launch before the main kernel."""

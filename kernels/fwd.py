@@ -575,7 +575,8 @@ _DTYPES = {"bf16": "bf16", "fp16": "fp16"}
 
 def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str, str]:
     # As the op launches it: q, k, v and o as pointers, their descriptors built in the kernel.
-    sig = {"desc_q": f"*{dtype}", "desc_k": f"*{dtype}", "desc_v": f"*{dtype}", "desc_o": f"*{dtype}", "o_ptr": f"*{dtype}", "lse_ptr": "*fp32",
+    sig = {"desc_q": f"*{dtype}", "desc_k": f"*{dtype}", "desc_v": f"*{dtype}", "desc_o": f"*{dtype}",
+           "o_ptr": f"*{dtype}", "lse_ptr": "*fp32",
            "q_offsets": "*i32", "kv_offsets": "*i32", "work_list": "*i32", "n_work_ptr": "*i32",
            "queue_ptr": "*i32", "rec_ptr": "*i64", "sm_scale": "fp32"}
     for name in ("H", "GROUP", "n_m_blocks", "Lq_bcast", "window", "total_rows", "q_rows", "q_stride", "kv_rows",
