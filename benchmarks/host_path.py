@@ -156,6 +156,7 @@ def point(w):
         "piece:work_list": lambda: fwd_work_list(kv_off, None, Lq, H, Lq, block_m=fwd.BLOCK_M, window=None,
                                                  causal=False, schedule="dynamic", n_ctas=n_sms),
         "piece:work_list_sort": lambda: torch.sort(sort_keys, descending=True, stable=True),
+        # Host-made descriptors: what the kernels' own (the default) save, and what host_descriptors=True pays.
         "piece:descriptors": lambda: [_descriptor(t, 64, D) for t in (x.q, x.k, x.v, o_saved)],
         "piece:kernel_launch_prebuilt_args": lambda: real_launch(*caught["args"]),
         "piece:fwd_launch": fwd_piece(False),
