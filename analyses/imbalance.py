@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
+
+from jfa_prof.analyses.jsonable import plain, records
 
 from jfa_prof.analyses.occupancy import per_sm_busy
 
@@ -55,22 +56,12 @@ class Imbalance:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the figures, the critical SMs and the last tiles (NaN becomes null)."""
-        out: dict[str, Any] = {k: _plain(v) for k, v in self.figures().items()}
-        out["critical_sms"] = _records(self.critical_sms)
-        out["last_tiles"] = _records(self.last_tiles)
+        out: dict[str, Any] = {k: plain(v) for k, v in self.figures().items()}
+        out["critical_sms"] = records(self.critical_sms)
+        out["last_tiles"] = records(self.last_tiles)
         return out
 
 
-def _plain(v: Any) -> Any:
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        return None if math.isnan(v) else float(v)
-    return v
-
-
-def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{k: _plain(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
 def imbalance(tiles: pd.DataFrame, n_sms: int | None = None, *, dropped: int = 0,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants record_bwd host bwd_ab ncu_prof calibration limits
+#   bwd_variants fwd_variants record_bwd host bwd_ab ncu_prof calibration limits roles
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -40,6 +40,10 @@ overhead() {  # instrumentation and host-launch overhead
 }
 host() {  # where one call's host time goes, piece by piece, beside FA4's when importable
   python benchmarks/host_path.py --out "$OUT/host_path.json" 2>&1 | grep -v Warn | tail -44
+}
+roles() {  # level-3 recordings of the op's build, planted bottlenecks and ablations; every level's cost, both passes
+  python benchmarks/roles_record.py --out-dir "$OUT/traces" 2>&1 | grep -v Warn | tail -12
+  python benchmarks/roles_cost.py --out "$OUT/roles_cost.json" 2>&1 | grep -v Warn | tail -36
 }
 profile() {  # what each instrumentation level costs, and each schedule uninstrumented
   python benchmarks/profile_overhead.py --out "$OUT/profile_overhead.json" 2>&1 | tail -5

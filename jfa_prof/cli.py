@@ -70,7 +70,7 @@ def _main(
     ),
 ) -> None:
     """Profile Jagged Flash Attention kernels written in TLX: SM heatmaps, spills, ncu
-    metrics, warp-role timelines, barrier waits, benchmarks.
+    metrics, warp-role timelines, barrier waits, diagnoses, benchmarks.
 
     Start with [bold]jfa-prof doctor[/] to see what can run on this machine.
     """
@@ -86,6 +86,7 @@ from jfa_prof.commands.waterfall import waterfall as waterfall_cmd  # noqa: E402
 from jfa_prof.commands.ncu import ncu as ncu_cmd  # noqa: E402
 from jfa_prof.commands.timeline import timeline as timeline_cmd  # noqa: E402
 from jfa_prof.commands.barriers import barriers as barriers_cmd  # noqa: E402
+from jfa_prof.commands.diagnose import diagnose as diagnose_cmd  # noqa: E402
 from jfa_prof.commands.bench import bench as bench_cmd  # noqa: E402
 from jfa_prof.commands.doctor import doctor as doctor_cmd  # noqa: E402
 from jfa_prof.commands.record import record as record_cmd  # noqa: E402
@@ -102,7 +103,7 @@ def _summary(fn) -> str:
 
 for _name, _fn in (("heatmap", heatmap_cmd), ("spills", spills_cmd), ("waterfall", waterfall_cmd),
                    ("ncu", ncu_cmd), ("timeline", timeline_cmd), ("barriers", barriers_cmd),
-                   ("bench", bench_cmd), ("record", record_cmd), ("report", report_cmd),
+                   ("diagnose", diagnose_cmd), ("bench", bench_cmd), ("record", record_cmd), ("report", report_cmd),
                    ("doctor", doctor_cmd)):
     app.command(_name, short_help=_summary(_fn))(_fn)
 # ---- end of command registration ------------------------------------------------------------

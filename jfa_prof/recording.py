@@ -31,10 +31,13 @@ def require_gpu():
 
 
 def record_workload(workload: Workload, schedule: str, *, peel: bool = True, warmup: int = 3,
-                    record_capacity: int | None = None, level: int = 2) -> Trace:
+                    record_capacity: int | None = None, level: int = 2, sample: int = 1, ablate: int = 0,
+                    kv_stages: int | None = None) -> Trace:
     """One instrumented forward launch of `workload` with `schedule`, as a Trace.
 
-    `level` 1 records tiles and warp-role spans only (cheapest); 2 adds the barrier waits."""
+    `level` 1 records tiles and warp-role spans only (cheapest); 2 adds the barrier waits; 3 adds
+    an event record per warp role for every `sample`-th tile. `ablate` (a bitmask of `fwd.ABLATIONS`
+    and `fwd.PLANTS`) and `kv_stages` (the K/V ring's depth) record a modified build on purpose."""
     import torch
 
     from jfa_prof.kernels import fwd
@@ -50,7 +53,7 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
                          causal=workload.causal, schedule=schedule, n_ctas=props.multi_processor_count)
     kwargs = dict(sm_scale=1.0 / math.sqrt(workload.D), window=workload.window, causal=workload.causal,
                   broadcast_q=workload.broadcast_q, schedule=schedule, peel=peel, profile=level,
-                  record_capacity=record_capacity, work=work)
+                  record_capacity=record_capacity, work=work, sample=sample, ablate=ablate, kv_stages=kv_stages)
     for _ in range(warmup):
         fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **kwargs)
     # The kernel's own duration comes from the profiler; the CUDA events also count the launch.
@@ -60,9 +63,11 @@ def record_workload(workload: Workload, schedule: str, *, peel: bool = True, war
                            launch_hook=lambda phase: events[phase].record()), "_jfa_fwd")
     constexprs = fwd.fwd_constexprs(head_dim=workload.D, broadcast_q=workload.broadcast_q, causal=workload.causal,
                                     has_window=workload.window is not None, peel=peel, schedule=schedule,
-                                    profile=level, block_n=launch.block_n)
+                                    profile=level, block_n=launch.block_n, ablate=ablate, kv_stages=kv_stages,
+                                    sample=sample if level >= 3 else 1)
+    level_name = {v: k for k, v in fwd.PROFILE_LEVELS.items()}[level]
     variant = (f"fwd/{'bcast' if workload.broadcast_q else 'jagged'}/{workload.dtype}/d{workload.D}/{schedule}/"
-               f"{'peel' if peel else 'nopeel'}/{'prof' if level == 2 else 'prof-tiles'}"
+               f"{'peel' if peel else 'nopeel'}/{level_name}"
                + ("" if launch.block_n == fwd.BLOCK_N else f"/n{launch.block_n}"))
     meta = _meta(x, props, "fwd", constexprs, variant, layout_meta(launch.layout), schedule, MECHANISMS[schedule],
                  level, int(launch.work.n_work.item()), kernel_ms)
@@ -77,10 +82,12 @@ BWD_MECHANISMS = {
 
 
 def record_bwd_workload(workload: Workload, schedule: str = "static", *, dq: str | None = None, warmup: int = 3,
-                        record_capacity: int | None = None, level: int = 2) -> Trace:
+                        record_capacity: int | None = None, level: int = 2, sample: int = 1,
+                        ablate: int = 0) -> Trace:
     """One instrumented backward launch of `workload` (fed by one plain forward and a fixed
     upstream gradient), as a Trace. Tiles are KV blocks; a tile's N_BLOCKS counts the query
-    blocks it walked. `dq` names the reduction (`jfa_prof.ablations.BWD_DQ`, default the op's)."""
+    blocks it walked. `dq` names the reduction (`jfa_prof.ablations.BWD_DQ`, default the op's);
+    `level` and `sample` as in `record_workload`; `ablate` a bitmask of `bwd.ABLATIONS` / `bwd.PLANTS`."""
     import torch
 
     from jfa_prof.ablations import DEFAULT_DQ_NAME, bwd_dq, pass_options
@@ -103,13 +110,13 @@ def record_bwd_workload(workload: Workload, schedule: str = "static", *, dq: str
         return bwd_launch_recorded(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q, x.max_seq_len_kv,
                                    sm_scale=scale, window=w.window, causal=w.causal, broadcast_q=w.broadcast_q,
                                    dq=dq_mode, dq_stages=stages, schedule=schedule, profile=level,
-                                   record_capacity=record_capacity)
+                                   record_capacity=record_capacity, sample=sample, ablate=ablate)
     for _ in range(warmup):
         launch()
     kernel_ms, (*_, rec, info) = kernel_durations_ms(launch, "_jfa_bwd")
     constexprs = bwd.bwd_constexprs(head_dim=w.D, broadcast_q=w.broadcast_q, causal=w.causal,
                                     has_window=w.window is not None, dq=dq_mode, dq_stages=stages, schedule=schedule,
-                                    profile=level)
+                                    profile=level, ablate=ablate, sample=sample if level >= 3 else 1)
     n_tiles = int(((x.kv_lens + bwd.BLOCK_N - 1) // bwd.BLOCK_N).sum()) * w.H_kv
     variant = (f"bwd/{'bcast' if w.broadcast_q else 'jagged'}/{w.dtype}/d{w.D}/"
                f"{dq_mode}{stages if dq_mode == 'tma' else ''}/{schedule}/prof{level}")

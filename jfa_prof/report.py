@@ -7,7 +7,9 @@ DataFrames), never anything drawn:
   recordings bundled with the package (:func:`bundled_schedule_traces`), analysed by
   :func:`analyse_traces` into occupancy, imbalance, predicted-vs-measured and barrier waits;
 - the environment (``jfa_prof.doctor``), the compiled forward's registers and spills
-  (:func:`compile_spills`), an Nsight Compute report, a recorded waterfall, a bench result file.
+  (:func:`compile_spills`), an Nsight Compute report, a recorded waterfall, a bench result file;
+- the diagnosis (``jfa_prof.analyses.diagnose``) of every level-3 trace among them, and the
+  level-3 recordings shipped with the package or committed with the tests (:func:`level3_recordings`).
 
 :func:`gather` puts them in a :class:`Report`; ``jfa_prof.render.report`` draws that as one HTML
 page. The notebooks in ``notebooks/`` use these functions too, and :func:`newest_result` to find
@@ -33,7 +35,9 @@ __all__ = [
     "bundled_schedule_traces",
     "can_record_live",
     "compile_spills",
+    "diagnose_traces",
     "gather",
+    "level3_recordings",
     "load_traces",
     "newest_result",
     "record_traces",
@@ -183,6 +187,29 @@ def record_traces(workload: Any = None, schedules: Sequence[str] = SCHEDULE_ORDE
     return out
 
 
+def level3_recordings(pass_: str | None = None, *, modified: bool = True, **workload: Any) -> list[Path]:
+    """The level-3 H200 recordings at hand (``*_level3*.jfatrace``): bundled with the package, then
+    committed anywhere under ``tests/data/traces`` of a source checkout; of the ``pass_`` kernel when
+    given, and whose ``meta["workload"]`` matches the ``workload`` fields that are not None.
+    Recordings of the op as built come first, then, unless ``modified`` is False, those of builds
+    changed on purpose (``meta["build"]``: a planted bottleneck, an ablation)."""
+    from jfa_prof.trace import bundled_dir, read_meta
+
+    dirs = [bundled_dir(), Path(__file__).resolve().parent.parent / "tests" / "data" / "traces"]
+    found = []
+    for d in dirs:
+        for path in sorted(d.rglob("*_level3*.jfatrace")) if d.is_dir() else []:
+            meta = read_meta(path)
+            kernel = meta.get("kernel") or {}
+            recorded = str(kernel.get("pass") or kernel.get("name") or "")
+            if pass_ is not None and ("bwd" if recorded.endswith("bwd") else "fwd") != pass_:
+                continue
+            changed = meta.get("build") not in (None, "op")
+            if _matches(meta.get("workload") or {}, workload) and (modified or not changed):
+                found.append((changed, path))
+    return [path for _, path in sorted(found, key=lambda f: f[0])]
+
+
 @dataclass
 class TraceResult:
     """One recording and what the heatmap and barrier commands compute from it."""
@@ -283,6 +310,7 @@ class Report:
     waterfall: Any = None  # (ablations.WaterfallRecord, analyses.waterfall.Waterfall)
     waterfall_source: str | None = None
     bench: Any = None  # bench.BenchResults
+    diagnoses: list[tuple[str, Any]] = field(default_factory=list)  # (trace label, analyses.diagnose.Diagnosis)
     notes: list[str] = field(default_factory=list)  # warnings the page shows at the top
     created: str = ""
     version: str = ""
@@ -294,7 +322,8 @@ class Report:
 
     def sections(self) -> list[str]:
         """The sections present, in page order: the findings first, the machine that made them last."""
-        have = {"heatmap": bool(self.traces), "barriers": any(t.barriers is not None for t in self.traces),
+        have = {"diagnosis": bool(self.diagnoses),
+                "heatmap": bool(self.traces), "barriers": any(t.barriers is not None for t in self.traces),
                 "spills": self.spills is not None, "ncu": bool(self.ncu), "waterfall": self.waterfall is not None,
                 "bench": self.bench is not None, "environment": self.environment is not None}
         return [k for k, v in have.items() if v]
@@ -386,4 +415,22 @@ def gather(*, traces: Sequence[str | os.PathLike] | None = None, live: bool | No
     if spills:
         step("compiling the forward's variants")
         report.spills = compile_spills(variants, target=report.spills_target, jobs=jobs, on_result=on_compiled)
+    report.diagnoses = diagnose_traces(report, on_step=step)
     return report
+
+
+def diagnose_traces(report: Report, *, on_step: Callable[[str], None] | None = None) -> list[tuple[str, Any]]:
+    """The diagnosis of each level-3 trace of ``report``, with its waterfall when it is of the same pass."""
+    from jfa_prof.analyses.diagnose import diagnose
+
+    out = []
+    for r in report.traces:
+        if r.level is None or r.level < 3 or not len(r.trace.events):
+            continue
+        if on_step is not None:
+            on_step(f"diagnosing {r.label}")
+        # A waterfall is evidence for the causes of its own pass only.
+        same = report.waterfall is not None and report.waterfall[1].pass_ == r.trace.pass_
+        out.append((r.label, diagnose(r.trace, waterfall=report.waterfall[1] if same else None,
+                                      waterfall_source=report.waterfall_source or "waterfall")))
+    return out

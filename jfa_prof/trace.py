@@ -41,7 +41,8 @@ import pandas as pd
 
 from jfa_prof.errors import BadInputError
 from jfa_prof.files import write_atomic
-from jfa_prof.records import FWD_ROLES, FWD_SITES, LAYOUT_VERSION, Header, Layout, Span, Tile, Wait
+from jfa_prof.records import (EVENT_FIXED_WORDS, FWD_ROLES, FWD_SITES, LAYOUT_VERSION, READ_LAYOUT_VERSIONS, Event,
+                              Header, Layout, Span, Tile, Wait)
 
 __all__ = [
     "FORMAT",
@@ -103,6 +104,14 @@ class Trace:
 
     ``dropped``: tile records the kernel could not write because the buffer was full. Anything
     computed from a trace with ``dropped > 0`` misses those tiles; say so wherever it is shown.
+
+    ``events`` (level 3): one row per written (tile, role) event record, sorted by CTA, role and
+    start: ``slot``, ``pos`` (the tile's list position), ``cta``, ``smid``, ``role_id``, ``role``,
+    raw ``t_start``/``t_mark``/``t_end`` and ``c_start``/``c_end``, ``start_ns``/``mark_ns``/``end_ns``
+    on the tiles' clock, ``dur_ns``, ``dur_cycles``, the tile's ``tile``, ``batch``, ``head``,
+    ``block``, ``kv_len``, ``n_blocks`` (-1 without its tile record), and per site ``wait_<site>``
+    (cycles waited there within the window) and ``wait_<site>_ns``. What the window and the mark
+    are per role: ``records.ROLE_MARKS``. Empty below level 3.
     """
 
     meta: dict[str, Any]
@@ -116,6 +125,24 @@ class Trace:
     path: Path | None = None
     origin: str = "memory"  # "file", "bundled", "live" or "memory": where the trace came from
     warnings: list[str] = field(default_factory=list)
+    events: pd.DataFrame = field(default_factory=lambda: _empty_events(()))
+    events_dropped: int = 0
+    sample: int = 1
+
+    @property
+    def level(self) -> int:
+        """The instrumentation level recorded: 1 tiles and spans, 2 + wait totals, 3 + events."""
+        lvl = self.meta.get("profile_level")
+        if isinstance(lvl, int) and not isinstance(lvl, bool):
+            return lvl
+        return 3 if len(self.events) else (2 if self.waits["count"].any() else 1)
+
+    @property
+    def pass_(self) -> str:
+        """"fwd" or "bwd": the kernel recorded."""
+        kernel = self.meta.get("kernel") or {}
+        name = str(kernel.get("pass") or kernel.get("name") or "")
+        return "bwd" if name.endswith("bwd") else "fwd"
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -212,6 +239,7 @@ def layout_meta(layout: Layout, roles: Sequence[str] = FWD_ROLES, sites: Sequenc
         "n_ctas": layout.n_ctas,
         "n_roles": layout.n_roles,
         "n_sites": layout.n_sites,
+        "event_capacity": layout.event_capacity,
         "roles": list(roles),
         "sites": list(sites),
     }
@@ -222,14 +250,14 @@ def layout_from_meta(meta: Mapping[str, Any], *, where: str = "trace") -> Layout
     lay = meta.get("layout")
     if not isinstance(lay, Mapping):
         raise BadInputError(f"{where}: metadata has no 'layout' entry")
-    if lay.get("version") != LAYOUT_VERSION:
+    if lay.get("version") not in READ_LAYOUT_VERSIONS:
         raise BadInputError(
             f"{where}: record layout version {lay.get('version')!r} is not supported "
-            f"(this jfa-prof reads layout version {LAYOUT_VERSION})",
+            f"(this jfa-prof reads layout versions {', '.join(map(str, READ_LAYOUT_VERSIONS))})",
             hint="re-record it, or read it with the jfa-prof version that wrote it")
     dims = {}
-    for key in ("tile_capacity", "n_ctas", "n_roles", "n_sites"):
-        v = lay.get(key)
+    for key in ("tile_capacity", "n_ctas", "n_roles", "n_sites", "event_capacity"):
+        v = lay.get(key, 0 if key == "event_capacity" else None)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise BadInputError(f"{where}: layout.{key} must be a non-negative integer, got {v!r}")
         dims[key] = v
@@ -396,6 +424,8 @@ def trace_from_buffer(buffer: np.ndarray, meta: Mapping[str, Any], *, path: Path
     dropped = int(parts["header"][Header.DROPPED])
     if dropped < 0:
         raise BadInputError(f"{where} is corrupt: negative dropped-record count {dropped}")
+    if int(parts["header"][Header.EVENTS_DROPPED]) < 0 or int(parts["header"][Header.SAMPLE]) < 0:
+        raise BadInputError(f"{where} is corrupt: negative event header words")
     _check_records(parts, meta, layout, dropped, where)
 
     roles = tuple(meta["layout"]["roles"])
@@ -415,12 +445,20 @@ def trace_from_buffer(buffer: np.ndarray, meta: Mapping[str, Any], *, path: Path
     spans = _decode_spans(span_rows, roles, t0)
     waits = _decode_waits(parts["waits"], roles, sites, spans, tiles)
 
+    sample = int(parts["header"][Header.SAMPLE]) or 1
+    events_dropped = int(parts["header"][Header.EVENTS_DROPPED])
+    events = _decode_events(parts["events"], roles, sites, sample, tiles, t0)
+
     warnings = []
     if dropped:
         warnings.append(f"{dropped} tile record(s) dropped: the record buffer "
                         f"({layout.tile_capacity} slots) was full; results miss those tiles")
+    if events_dropped:
+        warnings.append(f"{events_dropped} event record(s) dropped: the event section "
+                        f"({layout.event_capacity} slots) was full; per-role results miss those tiles")
     return Trace(meta=meta, buffer=buf, layout=layout, tiles=tiles, spans=spans, waits=waits,
-                 dropped=dropped, t0_ns=t0, path=path, origin=origin, warnings=warnings)
+                 dropped=dropped, t0_ns=t0, path=path, origin=origin, warnings=warnings, events=events,
+                 events_dropped=events_dropped, sample=sample)
 
 
 # One launch of these kernels lasts milliseconds; a recording whose %globaltimer values spread
@@ -482,10 +520,22 @@ def _check_records(parts: dict[str, np.ndarray], meta: Mapping[str, Any], layout
     in_range("barrier wait cycles", waits[..., Wait.CYCLES].ravel(), None, "")
     in_range("barrier wait count", waits[..., Wait.COUNT].ravel(), None, "")
 
-    t0 = np.concatenate([tiles[:, Tile.T_START], spans[:, Span.T_START]])
-    t1 = np.concatenate([tiles[:, Tile.T_END], spans[:, Span.T_END]])
-    c0 = np.concatenate([tiles[:, Tile.C_START], spans[:, Span.C_START]])
-    c1 = np.concatenate([tiles[:, Tile.C_END], spans[:, Span.C_END]])
+    ev_rows = parts["events"]
+    events = ev_rows[flags("event records", ev_rows[:, Event.VALID])]
+    in_range("event SM id", events[:, Event.SMID], sm_count, f"the {gpu.get('name') or 'GPU'} has")
+    in_range("event CTA", events[:, Event.CTA], layout.n_ctas, "the launch had")
+    in_range("event wait cycles", events[:, EVENT_FIXED_WORDS:].ravel(), None, "")
+    n_sites = layout.n_sites
+    if len(events) and ((events[:, Event.T_MARK] < events[:, Event.T_START])
+                        | (events[:, Event.T_MARK] > events[:, Event.T_END])
+                        | (events[:, EVENT_FIXED_WORDS + n_sites:] < events[:, EVENT_FIXED_WORDS:EVENT_FIXED_WORDS
+                                                                              + n_sites]).any(axis=1)).any():
+        raise corrupt("event records whose mark lies outside their window or whose waits run backwards")
+
+    t0 = np.concatenate([tiles[:, Tile.T_START], spans[:, Span.T_START], events[:, Event.T_START]])
+    t1 = np.concatenate([tiles[:, Tile.T_END], spans[:, Span.T_END], events[:, Event.T_END]])
+    c0 = np.concatenate([tiles[:, Tile.C_START], spans[:, Span.C_START], events[:, Event.C_START]])
+    c1 = np.concatenate([tiles[:, Tile.C_END], spans[:, Span.C_END], events[:, Event.C_END]])
     if not len(t0):
         return
     if (t1 < t0).any() or (c1 < c0).any():
@@ -544,6 +594,58 @@ def _decode_spans(rows: np.ndarray, roles: Sequence[str], t0: int) -> pd.DataFra
         "dur_ns": r[:, Span.T_END] - r[:, Span.T_START],
         "dur_cycles": r[:, Span.C_END] - r[:, Span.C_START],
     })
+
+
+EVENT_COLUMNS = ("slot", "pos", "cta", "smid", "role_id", "role", "t_start", "t_mark", "t_end", "c_start", "c_end",
+                 "start_ns", "mark_ns", "end_ns", "dur_ns", "dur_cycles", "tile", "batch", "head", "block", "kv_len",
+                 "n_blocks")
+
+
+def event_columns(sites: Sequence[str]) -> tuple[str, ...]:
+    return EVENT_COLUMNS + tuple(f"wait_{s}" for s in sites) + tuple(f"wait_{s}_ns" for s in sites)
+
+
+def _empty_events(sites: Sequence[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object if c == "role" else np.float64 if c.endswith("_ns") and
+                                      c.startswith("wait_") else np.int64) for c in event_columns(sites)})
+
+
+def _decode_events(rows: np.ndarray, roles: Sequence[str], sites: Sequence[str], sample: int,
+                   tiles: pd.DataFrame, t0: int) -> pd.DataFrame:
+    valid = rows[:, Event.VALID] != 0
+    if not valid.any():
+        return _empty_events(sites)
+    n_roles, n_sites = len(roles), len(sites)
+    slots = np.flatnonzero(valid)
+    r = rows[valid]
+    pos = (slots // n_roles) * sample
+    role_id = slots % n_roles
+    df = pd.DataFrame({"slot": slots.astype(np.int64), "pos": pos.astype(np.int64), "cta": r[:, Event.CTA],
+                       "smid": r[:, Event.SMID], "role_id": role_id.astype(np.int64),
+                       "role": _role_names(role_id, roles)})
+    for f, col in ((Event.T_START, "t_start"), (Event.T_MARK, "t_mark"), (Event.T_END, "t_end"),
+                   (Event.C_START, "c_start"), (Event.C_END, "c_end")):
+        df[col] = r[:, f]
+    df["start_ns"] = df["t_start"] - t0
+    df["mark_ns"] = df["t_mark"] - t0
+    df["end_ns"] = df["t_end"] - t0
+    df["dur_ns"] = df["t_end"] - df["t_start"]
+    df["dur_cycles"] = df["c_end"] - df["c_start"]
+    # The tile each record is about, from its tile record (the slot of both is the list position).
+    info = ("tile", "batch", "head", "block", "kv_len", "n_blocks")
+    by_slot = tiles.set_index("slot")[list(info)] if len(tiles) else pd.DataFrame(columns=list(info))
+    joined = by_slot.reindex(df["pos"].to_numpy())
+    for c in info:
+        df[c] = joined[c].fillna(-1).to_numpy(np.int64)
+    waited = r[:, EVENT_FIXED_WORDS + n_sites:EVENT_FIXED_WORDS + 2 * n_sites] - r[:, EVENT_FIXED_WORDS:
+                                                                                  EVENT_FIXED_WORDS + n_sites]
+    # Cycles to ns at each record's own clock: the SM clock moves with boost and throttling.
+    ns_per_cycle = np.where(df["dur_cycles"] > 0, df["dur_ns"] / df["dur_cycles"].clip(lower=1), 0.0)
+    for i, site in enumerate(sites):
+        df[f"wait_{site}"] = waited[:, i]
+    for i, site in enumerate(sites):
+        df[f"wait_{site}_ns"] = waited[:, i] * ns_per_cycle
+    return df.sort_values(["cta", "role_id", "start_ns"], kind="stable").reset_index(drop=True)
 
 
 def _decode_waits(rows: np.ndarray, roles: Sequence[str], sites: Sequence[str],

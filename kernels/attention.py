@@ -85,18 +85,19 @@ def require_hopper(device: torch.device) -> None:
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
                schedule=DEFAULT_SCHEDULE, peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
                lse_out=None, work=None, queue=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None,
-               block_n=None, host_descriptors=False):
+               block_n=None, host_descriptors=False, sample=1):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
     q, k and v may be any strided views (`tma_ready`: read in place where TMA allows, else copied).
     `profile` is the instrumentation level (0/False off, 1 tile records and role spans, 2/True also
-    barrier waits). The record buffer is allocated here when it is on, sized for every work-list slot
+    barrier waits, 3 also an event record per tile and warp role, for every `sample`-th tile). The
+    record buffer is allocated here when it is on, sized for every work-list slot
     unless `record_capacity` asks for fewer (then the kernel counts what it had to drop).
     `work` reuses a work list built earlier; `queue` is a zero int32 [1] tile counter for the dynamic
     schedule (default: the one a list built here brings, else a fresh one). `launch_hook(phase)` is
     called with "before" and "after" right around the kernel launch, so a caller can time the kernel
-    alone. `ablate` is a bitmask of `fwd.ABLATIONS` for the waterfall; it makes the output wrong on
-    purpose. `kv_stages`, `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per
+    alone. `ablate` is a bitmask of `fwd.ABLATIONS` for the waterfall, which make the output wrong on
+    purpose, and of `fwd.PLANTS`, known delays that leave it right. `kv_stages`, `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per
     consumer and the keys per KV block, for benchmarks of the choice (a `work` list must have been
     built for that `block_n`). `host_descriptors` passes TMA descriptors made on the host instead
     of letting each CTA build its own, to compare the two. With no query rows or no keys nothing
@@ -138,15 +139,9 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         # a reused one (whose counter an earlier launch used up) gets a fresh one.
         fresh = built_here and work.queue is not None
         queue = work.queue if fresh else torch.zeros(1, dtype=torch.int32, device=q.device)
-    layout = None
-    if profile:
-        cap = n_slots if record_capacity is None else record_capacity
-        layout = records.Layout(tile_capacity=cap, n_ctas=grid, n_roles=len(records.FWD_ROLES),
-                                n_sites=len(records.FWD_SITES))
-        rec = torch.zeros(layout.total_words, dtype=torch.int64, device=q.device)
-        rec[records.Header.CAPACITY] = cap
-    else:
-        rec = _unused_records(q.device)
+    level = _profile_level(profile)
+    layout, rec = _record_buffer(level, n_slots if record_capacity is None else record_capacity, grid,
+                                 records.FWD_ROLES, records.FWD_SITES, sample, q.device)
     q_off = kv_offsets if q_offsets is None else q_offsets
     if host_descriptors:
         tma_args = (_descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, block_n, D), _descriptor(v, block_n, D),
@@ -159,8 +154,8 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         q.shape[0], _row_stride(q), k.shape[0], _row_stride(k), _row_stride(v),
         layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
         layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
-    constexprs = _fwd_constexprs(D, broadcast_q, causal, window is not None, peel, schedule, _profile_level(profile),
-                                 ablate, kv_stages, q_bufs or fwd.NUM_Q_BUFS, block_n)
+    constexprs = _fwd_constexprs(D, broadcast_q, causal, window is not None, peel, schedule, level,
+                                 ablate, kv_stages, q_bufs or fwd.NUM_Q_BUFS, block_n, sample)
     if launch_hook:
         launch_hook("before")
     _launch(fwd._jfa_fwd, (grid, ), args, constexprs, fwd.NUM_WARPS, 1, q.device)
@@ -188,13 +183,13 @@ def _unused_records(device: torch.device) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=256)
 def _fwd_constexprs(head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate, kv_stages, q_bufs,
-                    block_n) -> dict:
+                    block_n, sample) -> dict:
     # A dict per distinct launch configuration, built once: the call passes it on unchanged.
     from jfa_prof.kernels import fwd
 
     return fwd.fwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal, has_window=has_window,
                               peel=peel, schedule=schedule, profile=profile, ablate=ablate, kv_stages=kv_stages,
-                              q_bufs=q_bufs, block_n=block_n)
+                              q_bufs=q_bufs, block_n=block_n, sample=sample if profile >= 3 else 1)
 
 
 @dataclass(frozen=True)
@@ -258,6 +253,22 @@ def _check_plan(plan: AttentionPlan, kv_offsets, q_offsets, *, H, window_size, c
 
 def _profile_level(profile) -> int:
     return 2 if profile is True else int(profile)
+
+
+def _record_buffer(level, tile_capacity, n_ctas, roles, sites, sample, device):
+    """(Layout, zeroed record buffer) for an instrumented launch; (None, a placeholder) at level 0.
+    Below level 3 the event section is empty; at 3 it has a slot per role of every sample-th tile."""
+    if not level:
+        return None, _unused_records(device)
+    if level >= 3 and (not isinstance(sample, int) or sample < 1):
+        raise ValueError(f"sample must be a positive integer (record every Nth tile), got {sample!r}")
+    events = records.Layout.event_capacity_for(tile_capacity, len(roles), sample) if level >= 3 else 0
+    layout = records.Layout(tile_capacity=tile_capacity, n_ctas=n_ctas, n_roles=len(roles), n_sites=len(sites),
+                            event_capacity=events)
+    rec = torch.zeros(layout.total_words, dtype=torch.int64, device=device)
+    rec[records.Header.CAPACITY] = tile_capacity
+    rec[records.Header.SAMPLE] = sample if level >= 3 else 1
+    return layout, rec
 
 
 def _on_device(fn):
@@ -372,14 +383,15 @@ def bwd_launch(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_se
 def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, *, sm_scale,
                         window, causal, broadcast_q, dk_out=None, dv_out=None, dq=None, dq_stages=None,
                         schedule=None, profile=0, record_capacity=None, n_ctas=None, ablate=0, block_m=None,
-                        host_descriptors=False):
+                        host_descriptors=False, sample=1):
     """`bwd_launch` that also returns the record buffer (None unless `profile`) and a `BwdLaunch`.
 
     `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; the default), "atomic" or
     "deterministic";
     `schedule`: "static" (round-robin) or "dynamic" (atomic queue); `profile`: instrumentation
-    level 0/1/2; `ablate`: a bitmask of `bwd.ABLATIONS` for the waterfall, which makes the
-    gradients wrong on purpose; `block_m`: query rows per inner step (default `bwd.BLOCK_M`; 32 or
+    level 0/1/2/3 (3: event records for every `sample`-th tile);
+    `ablate`: a bitmask of `bwd.ABLATIONS` for the waterfall, which make the
+    gradients wrong on purpose, and of `bwd.PLANTS`, known delays that leave them right; `block_m`: query rows per inner step (default `bwd.BLOCK_M`; 32 or
     64, for benchmarks of the choice); `host_descriptors`: TMA descriptors made on the host instead
     of in the kernel, to compare the two."""
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -436,21 +448,15 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     grid = max(1, min(n_ctas or _sm_count(dev), max_tiles))
     if queue is None:
         queue = tile_cum  # a placeholder the static kernel never touches
-    layout = None
-    if profile:
-        cap = max_tiles if record_capacity is None else record_capacity
-        layout = records.Layout(tile_capacity=cap, n_ctas=grid, n_roles=len(records.BWD_ROLES),
-                                n_sites=len(records.BWD_SITES))
-        rec = torch.zeros(layout.total_words, dtype=torch.int64, device=dev)
-        rec[records.Header.CAPACITY] = cap
-    else:
-        rec = _unused_records(dev)
+    layout, rec = _record_buffer(int(profile), max_tiles if record_capacity is None else record_capacity, grid,
+                                 records.BWD_ROLES, records.BWD_SITES, sample, dev)
     q_off = kv_offsets if q_offsets is None or broadcast_q else q_offsets
     win = window if window is not None else 0
     if max_tiles > 0:
         constexprs = bwd.bwd_constexprs(head_dim=D, broadcast_q=broadcast_q, causal=causal,
                                         has_window=window is not None, dq=dq_mode, dq_stages=dq_stages,
-                                        schedule=schedule, profile=profile, ablate=ablate, block_m=block_m)
+                                        schedule=schedule, profile=profile, ablate=ablate, block_m=block_m,
+                                        sample=sample if int(profile) >= 3 else 1)
         dq_ptr = dq_acc if dq_acc is not None else delta  # deterministic: never read
         if host_descriptors:
             tma_args = (_descriptor(q, block_m, D), _descriptor(k, bwd.BLOCK_N, D), _descriptor(v, bwd.BLOCK_N, D),

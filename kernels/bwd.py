@@ -49,8 +49,9 @@ the mask arithmetic.
 
 Instrumentation (`PROFILE`, `jfa_prof.records` layout): a span per program for the producer (role
 "producer") and, from the first consumer, one for the consumers (role "compute"), one tile record
-per tile (BLOCK is the KV block, N_BLOCKS the query blocks visited), and at level 2 the cycles spent
-waiting for a free dQ staging buffer (site "dq_stage").
+per tile (BLOCK is the KV block, N_BLOCKS the query blocks visited); at level 2 the cycles each
+role spent at its wait sites (`records.ROLE_SITES`), at level 3 also one event record per tile and
+role: its window, a mark and its waits within the tile.
 """
 import os
 
@@ -62,7 +63,7 @@ from jfa_prof.kernels import C_CACHE
 from jfa_prof.kernels import profiling as prof
 from jfa_prof.kernels import tma
 from jfa_prof.kernels.registry import KernelVariant, provider
-from jfa_prof.records import BWD_ROLES, BWD_SITES
+from jfa_prof.records import BWD_ROLES, BWD_SITES, ROLE_SITES
 
 BLOCK_N = 128  # keys per tile: the dK/dV accumulators it owns
 # Query rows per inner step: the N of the m64nNk16 wgmmas that make S^T, dP^T and dQ^T. With both
@@ -111,8 +112,20 @@ ABLATIONS = {
                         "bytes move, nothing is summed"),
     "no_mask": (4, "no mask arithmetic (sequence end, window, causal) on the recomputed P"),
 }
-assert tuple(BWD_ROLES) == ("producer", "compute") and tuple(BWD_SITES) == ("dq_stage", )
+# Planted bottlenecks (a known cause for a diagnosis to find); same door as the ablations, the
+# gradients stay right.
+PLANT_CYCLES = 3000  # about 1.5 us at the H200's 1.98 GHz: above a step's time
+_PLANT_CYCLES = tl.constexpr(PLANT_CYCLES)
+PLANTS = {
+    "slow_producer": (8, f"the producer spins {PLANT_CYCLES} cycles before each step's Q / dO loads"),
+    "slow_dq": (16, f"the producer spins {PLANT_CYCLES} cycles before each dQ reduce-add (a contended reduction)"),
+}
+assert tuple(BWD_ROLES) == ("producer", "compute")
 _N_ROLES = tl.constexpr(len(BWD_ROLES))
+_N_SITES = tl.constexpr(len(BWD_SITES))
+# Each role's sites in its records, in the order its accumulators are passed (records.ROLE_SITES).
+_PRODUCER_SITES = tl.constexpr(tuple(BWD_SITES.index(s) for s in ROLE_SITES["bwd"]["producer"]))
+_COMPUTE_SITES = tl.constexpr(tuple(BWD_SITES.index(s) for s in ROLE_SITES["bwd"]["compute"]))
 _R_PRODUCER = tl.constexpr(0)
 _R_COMPUTE = tl.constexpr(1)
 
@@ -258,9 +271,9 @@ _FIELD_WORDS = tl.constexpr(32)
 
 
 @triton.jit
-def _post_tile(box, full, empty, n, b, kvh, blk, t):
+def _post_tile(box, full, empty, n, b, kvh, blk, t, cycles, count, PROFILE: tl.constexpr):
     """Producer: hand the n-th tile (batch b < 0: none left) to both consumers through box slot n % 2."""
-    tlx.barrier_wait(empty[n % 2], ((n // 2) & 1) ^ 1)
+    cycles, count = prof.timed_wait(empty[n % 2], ((n // 2) & 1) ^ 1, cycles, count, PROFILE)
     word = tl.arange(0, _BOX_WORDS)
     field = word // _FIELD_WORDS
     vals = tl.where(field == 0, b, tl.where(field == 1, kvh, tl.where(field == 2, blk, t)))
@@ -268,6 +281,7 @@ def _post_tile(box, full, empty, n, b, kvh, blk, t):
     # Every producer thread's word is in before the one elected thread signals the box full.
     tlx.named_barrier_wait(_PRODUCER_BAR, _WARPGROUP_THREADS)
     tlx.barrier_arrive(full[n % 2], 1)
+    return cycles, count
 
 
 @triton.jit
@@ -297,12 +311,20 @@ def _sequence(b, q_offsets, kv_offsets, Lq_bcast, BROADCAST_Q: tl.constexpr):
 
 
 @triton.jit
-def _reduce_dq(dq_desc, dq_stage, fulls, empties, s, row, col, DQ_STAGES: tl.constexpr, NO_REDUCE: tl.constexpr):
+def _reduce_dq(dq_desc, dq_stage, fulls, empties, s, row, col, cycles, count, busy, n_busy, DQ_STAGES: tl.constexpr,
+               NO_REDUCE: tl.constexpr, SLOW: tl.constexpr, PROFILE: tl.constexpr):
     """Producer: add step s's dQ block, staged by the consumers, into the fp32 accumulator with a
     TMA reduce-add; then give back the staging buffer whose copy has finished reading it (at most
-    DQ_STAGES - 1 newer copies stay in flight). NO_REDUCE (an ablation) overwrites instead."""
+    DQ_STAGES - 1 newer copies stay in flight). NO_REDUCE (an ablation) overwrites instead.
+    At PROFILE level 2 the wait for the staged block is timed (site "dq_full") and so is the rest,
+    issuing the reduce-add and waiting for older ones to finish (site "dq_reduce": a reduction that
+    cannot keep up shows there)."""
     idx = s % DQ_STAGES
-    tlx.barrier_wait(fulls[idx], (s // DQ_STAGES) & 1)
+    cycles, count = prof.timed_wait(fulls[idx], (s // DQ_STAGES) & 1, cycles, count, PROFILE)
+    if PROFILE >= 2:
+        t0 = tlx.clock64()
+    if SLOW:
+        prof.spin(_PLANT_CYCLES)
     # The box may start on any row (a jagged sequence's first): rows past the sequence end add
     # exactly zero (their dS is zero), so it needs no mask; past the tensor's end TMA clips it.
     if NO_REDUCE:
@@ -310,9 +332,13 @@ def _reduce_dq(dq_desc, dq_stage, fulls, empties, s, row, col, DQ_STAGES: tl.con
     else:
         tlx.async_descriptor_store(dq_desc, dq_stage[idx], [row, col], store_reduce="add")
     tlx.async_descriptor_store_wait(DQ_STAGES - 1)
+    if PROFILE >= 2:
+        busy += tlx.clock64() - t0
+        n_busy += 1
     done = s - (DQ_STAGES - 1)
     if done >= 0:
         tlx.barrier_arrive(empties[done % DQ_STAGES], 1)
+    return cycles, count, busy, n_busy
 
 
 @triton.jit
@@ -370,7 +396,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              DQ_MODE: tl.constexpr, DQ_STAGES: tl.constexpr, DYNAMIC: tl.constexpr, PROFILE: tl.constexpr,
-             ABLATE: tl.constexpr):
+             ABLATE: tl.constexpr, SAMPLE: tl.constexpr = 1):
     # Q, K, V, dO and the fp32 dQ accumulator come as pointers (the op) or as host-made descriptors
     # (a caller comparing the two); dO and dQ are row-major, [rows, H * HEAD_DIM].
     q_desc = tma.descriptor(q_desc, q_rows, H * HEAD_DIM, q_stride, BLOCK_M, HEAD_DIM)
@@ -383,6 +409,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     NO_DQ: tl.constexpr = (ABLATE & 1) != 0 or DQ_MODE == DQ_NONE
     NO_REDUCE: tl.constexpr = (ABLATE & 2) != 0
     NO_MASK: tl.constexpr = (ABLATE & 4) != 0
+    SLOW_PRODUCER: tl.constexpr = (ABLATE & 8) != 0
+    SLOW_DQ: tl.constexpr = (ABLATE & 16) != 0
     HALF: tl.constexpr = BLOCK_N // 2  # keys per consumer
     # dQ^T [HEAD_DIM, BLOCK_M] = K^T dS^T: at HEAD_DIM = 128 each consumer computes half its rows
     # every step; at 64, too few rows to split, the consumers take turns computing all of it.
@@ -435,9 +463,24 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             n_posted = 0
             dq_row = 0
             dq_col = 0
+            w_ke = tl.zeros([], tl.int64)
+            n_ke = tl.zeros([], tl.int64)
+            w_se = tl.zeros([], tl.int64)
+            n_se = tl.zeros([], tl.int64)
+            w_df = tl.zeros([], tl.int64)
+            n_df = tl.zeros([], tl.int64)
+            w_bx = tl.zeros([], tl.int64)
+            n_bx = tl.zeros([], tl.int64)
+            w_dr = tl.zeros([], tl.int64)  # cycles reduce-adding dQ (not a wait: the producer's own work)
+            n_dr = tl.zeros([], tl.int64)
             while t < n_tiles:
+                if PROFILE >= 3:
+                    ev = prof.event_base(rec_ptr, waits_off, tile_cap, t, _R_PRODUCER, n_progs, _N_ROLES, _N_SITES,
+                                         SAMPLE)
+                    prof.event_start(rec_ptr, ev, pid, prof.globaltimer(), tlx.clock64())
+                    prof.event_site_waits(rec_ptr, ev, _N_SITES, False, _PRODUCER_SITES, (w_ke, w_se, w_df, w_bx, w_dr))
                 b, kvh, blk = _find_tile(t, tile_cum, B, H_kv, b)
-                _post_tile(box, box_fulls, box_empties, n_posted, b, kvh, blk, t)
+                w_bx, n_bx = _post_tile(box, box_fulls, box_empties, n_posted, b, kvh, blk, t, w_bx, n_bx, PROFILE)
                 kv_start, Lk, Lq, q_row0, o_row0 = _sequence(b, q_offsets, kv_offsets, Lq_bcast, BROADCAST_Q)
                 n0 = blk * BLOCK_N
                 m_lo, m_hi = _query_block_range(n0, Lq, Lk, window, CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
@@ -445,15 +488,19 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 # K and V go where the consumers staged the previous tile's dK and dV. Rows past the
                 # sequence end hold the next sequence's keys (zeros past the tensor's end): the mask
                 # zeroes their P, and their dK / dV rows are never stored.
-                tlx.barrier_wait(kv_empties[0], (n_posted & 1) ^ 1)
+                w_ke, n_ke = prof.timed_wait(kv_empties[0], (n_posted & 1) ^ 1, w_ke, n_ke, PROFILE)
                 tlx.barrier_expect_bytes(kv_fulls[0], 2 * BLOCK_N * HEAD_DIM * tlx.size_of(dtype))
                 tlx.async_descriptor_load(k_desc, k_buf[0], [kv_start + n0, kvh * HEAD_DIM], kv_fulls[0])
                 tlx.async_descriptor_load(v_desc, v_buf[0], [kv_start + n0, kvh * HEAD_DIM], kv_fulls[0])
+                if PROFILE >= 3:
+                    prof.event_mark(rec_ptr, ev)
                 for i in range(GROUP * n_m):
                     slot = step % 2
                     h = kvh * GROUP + i // n_m
                     m0 = (m_lo + i % n_m) * BLOCK_M
-                    tlx.barrier_wait(step_empties[slot], ((step // 2) & 1) ^ 1)
+                    if SLOW_PRODUCER:
+                        prof.spin(_PLANT_CYCLES)
+                    w_se, n_se = prof.timed_wait(step_empties[slot], ((step // 2) & 1) ^ 1, w_se, n_se, PROFILE)
                     tlx.barrier_expect_bytes(step_fulls[slot], 2 * BLOCK_M * HEAD_DIM * tlx.size_of(dtype))
                     tlx.async_descriptor_load(q_desc, q_bufs[slot], [q_row0 + m0, h * HEAD_DIM], step_fulls[slot])
                     tlx.async_descriptor_load(do_desc, do_bufs[slot], [o_row0 + m0, h * HEAD_DIM], step_fulls[slot])
@@ -469,24 +516,32 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     if DQ_MODE == DQ_TMA and not NO_DQ:
                         # The previous step's dQ, now that this step's copies are on their way.
                         if step > 0:
-                            _reduce_dq(dq_desc, dq_stage, dq_fulls, dq_empties, step - 1, dq_row, dq_col,
-                                       DQ_STAGES, NO_REDUCE)
+                            w_df, n_df, w_dr, n_dr = _reduce_dq(
+                                dq_desc, dq_stage, dq_fulls, dq_empties, step - 1, dq_row, dq_col, w_df, n_df, w_dr,
+                                n_dr, DQ_STAGES, NO_REDUCE, SLOW_DQ, PROFILE)
                         dq_row = q_row0 + m0
                         dq_col = h * HEAD_DIM
                     step += 1
+                if PROFILE >= 3:
+                    prof.event_site_waits(rec_ptr, ev, _N_SITES, True, _PRODUCER_SITES, (w_ke, w_se, w_df, w_bx, w_dr))
+                    prof.event_end(rec_ptr, ev)
                 n_posted += 1
                 if DYNAMIC:
                     t = tl.atomic_add(queue, 1, sem="relaxed")
                 else:
                     t += n_progs
-            _post_tile(box, box_fulls, box_empties, n_posted, -1, 0, 0, 0)
+            w_bx, n_bx = _post_tile(box, box_fulls, box_empties, n_posted, -1, 0, 0, 0, w_bx, n_bx, PROFILE)
             if DQ_MODE == DQ_TMA and not NO_DQ:
                 if step > 0:
-                    _reduce_dq(dq_desc, dq_stage, dq_fulls, dq_empties, step - 1, dq_row, dq_col, DQ_STAGES,
-                               NO_REDUCE)
+                    w_df, n_df, w_dr, n_dr = _reduce_dq(dq_desc, dq_stage, dq_fulls, dq_empties, step - 1, dq_row,
+                                                        dq_col, w_df, n_df, w_dr, n_dr, DQ_STAGES, NO_REDUCE, SLOW_DQ,
+                                                        PROFILE)
                 tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
             if PROFILE:
                 prof.span_end(rec_ptr, spans_off, pid, _R_PRODUCER, _N_ROLES, n_posted)
+                if PROFILE >= 2:
+                    prof.write_site_waits(rec_ptr, waits_off, pid, _R_PRODUCER, _N_ROLES, _PRODUCER_SITES, _N_SITES,
+                                          (w_ke, w_se, w_df, w_bx, w_dr), (n_ke, n_se, n_df, n_bx, n_dr))
 
         # ----------------------------------------------------------------------------------
         # Consumers: warpgroup `cid` owns keys [cid * HALF, (cid + 1) * HALF) of the tile: their
@@ -494,11 +549,18 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         # ----------------------------------------------------------------------------------
         with tlx.async_task(num_warps=4, registers=CONSUMER_REGS, replicate=2):
             cid: tl.constexpr = tlx.async_task_replica_id()
-            if PROFILE:
-                if cid == 0:
-                    prof.span_begin(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES)
+            # The first consumer speaks for both ("compute"); the second times nothing.
+            CPROF: tl.constexpr = PROFILE * (1 - cid)
+            if CPROF:
+                prof.span_begin(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES)
             dq_wait = tl.zeros([], tl.int64)
             dq_waits = tl.zeros([], tl.int64)
+            w_kf = tl.zeros([], tl.int64)
+            n_kf = tl.zeros([], tl.int64)
+            w_sf = tl.zeros([], tl.int64)
+            n_sf = tl.zeros([], tl.int64)
+            w_ds = tl.zeros([], tl.int64)
+            n_ds = tl.zeros([], tl.int64)
             qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
             step = 0
             n_done = 0
@@ -507,6 +569,11 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 if PROFILE:
                     t0 = prof.globaltimer()
                     c0 = tlx.clock64()
+                if CPROF >= 3:
+                    ev = prof.event_base(rec_ptr, waits_off, tile_cap, t, _R_COMPUTE, n_progs, _N_ROLES, _N_SITES,
+                                         SAMPLE)
+                    prof.event_start(rec_ptr, ev, pid, t0, c0)
+                    prof.event_site_waits(rec_ptr, ev, _N_SITES, False, _COMPUTE_SITES, (w_kf, w_sf, dq_wait, w_ds))
                 kv_start, Lk, Lq, q_row0, o_row0 = _sequence(b, q_offsets, kv_offsets, Lq_bcast, BROADCAST_Q)
                 n0 = blk * BLOCK_N
                 k0 = n0 + cid * HALF  # this consumer's first key
@@ -517,14 +584,14 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 kv_whole = n0 + BLOCK_N <= Lk
                 dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
                 dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
-                tlx.barrier_wait(kv_fulls[0], n_done & 1)
+                w_kf, n_kf = prof.timed_wait(kv_fulls[0], n_done & 1, w_kf, n_kf, CPROF)
                 for i in range(GROUP * n_m):
                     slot = step % 2
                     h = kvh * GROUP + i // n_m
                     m0 = (m_lo + i % n_m) * BLOCK_M
                     m_ids = m0 + tl.arange(0, BLOCK_M)
                     m_ok = m_ids < Lq
-                    tlx.barrier_wait(step_fulls[slot], (step // 2) & 1)
+                    w_sf, n_sf = prof.timed_wait(step_fulls[slot], (step // 2) & 1, w_sf, n_sf, CPROF)
                     # Buffer views through an opaque index: the compiler then rebuilds each wgmma's
                     # shared-memory descriptors inside the step (an add and a mask each) instead of
                     # computing them all before the loop and keeping them in registers the
@@ -569,7 +636,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                             # SPLIT_DQ: dQ^T rows [cid * HALF, ...) = K[:, those columns]^T dS^T; else
                             # this consumer's turn to compute all of dQ^T. Either way over all 128
                             # keys, so both halves of dS^T must be in.
-                            tlx.named_barrier_wait(_STEP_BAR + slot, _CONSUMER_THREADS)
+                            w_ds, n_ds = prof.timed_named_wait(_STEP_BAR + slot, _CONSUMER_THREADS, w_ds, n_ds,
+                                                               CPROF)
                             if SPLIT_DQ:
                                 k_cols = tlx.local_slice(k_all, [0, cid * HALF], [BLOCK_N, HALF])
                             else:
@@ -580,7 +648,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                             if DQ_MODE == DQ_TMA:
                                 dq_wait, dq_waits = _stage_dq(dq_stage, dq_fulls, dq_empties, step, dq_t, COL0, cid,
                                                               dq_wait, dq_waits, 1 if SPLIT_DQ else 2, DQ_STAGES,
-                                                              PROFILE)
+                                                              CPROF)
                             else:
                                 _add_dq_atomic(dq_ptr, dq_t, H, h, COL0, q_row0 + m0, m_ok, HEAD_DIM, NO_REDUCE)
                         else:
@@ -596,6 +664,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 # layout, read back in row chunks in a layout that stores coalesced. Keys no query sees
                 # still get their (zero) rows written: dK and dV come from torch.empty; rows past the
                 # sequence end belong to the next sequence and are skipped.
+                if CPROF >= 3:
+                    prof.event_mark(rec_ptr, ev)
                 if not NO_DQ:
                     tlx.named_barrier_wait(_EPI_BAR, _CONSUMER_THREADS)
                 k_rows = tlx.local_slice(k_buf[0], [cid * HALF, 0], [HALF, HEAD_DIM])
@@ -614,17 +684,19 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 tlx.fence_async_shared()
                 tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
                 tlx.barrier_arrive(kv_empties[0], 1)
-                if PROFILE:
-                    if cid == 0:
-                        prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, prof.smid(), t, b, kvh, blk, Lk,
-                                        GROUP * n_m, t0, prof.globaltimer(), c0, tlx.clock64(), _R_COMPUTE)
+                if CPROF:
+                    prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, prof.smid(), t, b, kvh, blk, Lk,
+                                    GROUP * n_m, t0, prof.globaltimer(), c0, tlx.clock64(), _R_COMPUTE)
+                if CPROF >= 3:
+                    prof.event_site_waits(rec_ptr, ev, _N_SITES, True, _COMPUTE_SITES, (w_kf, w_sf, dq_wait, w_ds))
+                    prof.event_end(rec_ptr, ev)
                 n_done += 1
                 b, kvh, blk, t = _take_tile(box, box_fulls, box_empties, n_done, cid)
-            if PROFILE:
-                if cid == 0:
-                    prof.span_end(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES, n_done)
-                    if PROFILE >= 2:
-                        prof.write_wait(rec_ptr, waits_off, pid, _R_COMPUTE, _N_ROLES, 0, 1, dq_wait, dq_waits)
+            if CPROF:
+                prof.span_end(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES, n_done)
+                if CPROF >= 2:
+                    prof.write_site_waits(rec_ptr, waits_off, pid, _R_COMPUTE, _N_ROLES, _COMPUTE_SITES, _N_SITES,
+                                          (w_kf, w_sf, dq_wait, w_ds), (n_kf, n_sf, dq_waits, n_ds))
 
 
 @triton.jit(do_not_specialize=["H", "GROUP", "B", "Lq_bcast", "window", "total_rows", "rows_q", "batch_chunk"],
@@ -714,18 +786,20 @@ def bwd_signature(dtype: str, head_dim: int) -> dict[str, str]:
                  "kv_rows", "k_stride", "v_stride", "tiles_off", "tile_cap", "spans_off", "waits_off"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "DQ_MODE", "DQ_STAGES",
-                 "DYNAMIC", "PROFILE", "ABLATE"):
+                 "DYNAMIC", "PROFILE", "ABLATE", "SAMPLE"):
         sig[name] = "constexpr"
     return sig
 
 
 def bwd_constexprs(*, head_dim, broadcast_q, causal, has_window, dq="tma", dq_stages=DEFAULT_DQ_STAGES,
-                   schedule=DEFAULT_SCHEDULE, profile=0, ablate=0, block_m=BLOCK_M) -> dict:
-    """`dq`: "atomic", "tma" or "deterministic" (this kernel then leaves dQ to `_jfa_bwd_dq`)."""
+                   schedule=DEFAULT_SCHEDULE, profile=0, ablate=0, block_m=BLOCK_M, sample=1) -> dict:
+    """`dq`: "atomic", "tma" or "deterministic" (this kernel then leaves dQ to `_jfa_bwd_dq`).
+    `sample`: at profile level 3, event records for every `sample`-th tile."""
     return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window,
             "DQ_MODE": DQ_MODES["none" if dq == "deterministic" else dq], "DQ_STAGES": dq_stages,
-            "DYNAMIC": schedule == "dynamic", "PROFILE": int(profile), "ABLATE": ablate}
+            "DYNAMIC": schedule == "dynamic", "PROFILE": int(profile), "ABLATE": ablate,
+            "SAMPLE": sample}
 
 
 def dq_signature(dtype: str) -> dict[str, str]:
@@ -804,5 +878,5 @@ def bwd_variants() -> list[KernelVariant]:
                 tags={"pass": "bwd", "mode": "delta", "dtype": dtype, "head_dim": str(head_dim)}))
     out += [_main_variant("bcast", "bf16", 128, dq) for dq in ("tma1", "atomic")]
     out += [_main_variant("bcast", "bf16", 128, "tma2", schedule="dynamic")]
-    out += [_main_variant("bcast", "bf16", 128, "tma2", profile=p) for p in (1, 2)]
+    out += [_main_variant("bcast", "bf16", 128, "tma2", profile=p) for p in (1, 2, 3)]
     return out

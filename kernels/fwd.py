@@ -25,8 +25,10 @@ from jfa_prof.kernels import C_CACHE
 from jfa_prof.kernels import profiling as prof
 from jfa_prof.kernels import tma
 from jfa_prof.kernels.registry import KernelVariant, provider
-from jfa_prof.records import FWD_ROLES, FWD_SITES
+from jfa_prof.records import FWD_ROLES, FWD_SITES, ROLE_SITES
 
+PLANT_CYCLES = 3000  # the planted delays' length: about 1.5 us at the H200's 1.98 GHz, above a block's time
+_PLANT_CYCLES = tl.constexpr(PLANT_CYCLES)
 BLOCK_M = 128  # query rows per tile: two consumer warpgroups of 64
 BLOCK_N = 128  # keys per KV block
 NUM_CONSUMERS = 2
@@ -84,6 +86,13 @@ ABLATIONS = {
                     "so the barriers still cycle but no bytes move"),
     "no_mask": (8, "no mask arithmetic on any block (sequence end, window, causal), peeled or not"),
 }
+# Planted bottlenecks: each adds a known delay, so that a diagnosis can be checked against a cause
+# known in advance. Same bitmask and the same door as the ablations (`fwd_launch(ablate=...)`); the
+# output stays right, only slower.
+PLANTS = {
+    "slow_producer": (16, f"the producer spins {PLANT_CYCLES} cycles before each K/V block's load"),
+    "slow_epilogue": (32, f"each consumer spins {2 * PLANT_CYCLES} cycles in every tile's epilogue"),
+}
 
 # Barrier-wait site ids, positions in records.FWD_SITES.
 _S_Q_EMPTY = tl.constexpr(FWD_SITES.index("q_empty"))
@@ -95,6 +104,9 @@ _S_V_FULL = tl.constexpr(FWD_SITES.index("v_full"))
 _S_TURN = tl.constexpr(FWD_SITES.index("mma_turn"))
 _S_QUEUE = tl.constexpr(FWD_SITES.index("queue"))
 _N_SITES = tl.constexpr(len(FWD_SITES))
+# Each role's sites in its event records, in the order its accumulators are passed (records.ROLE_SITES).
+_PRODUCER_SITES = tl.constexpr(tuple(FWD_SITES.index(s) for s in ROLE_SITES["fwd"]["producer"]))
+_CONSUMER_SITES = tl.constexpr(tuple(FWD_SITES.index(s) for s in ROLE_SITES["fwd"]["consumer0"]))
 _N_ROLES = tl.constexpr(len(FWD_ROLES))
 
 SCHEDULE_IDS = {"static": 0, "lpt": 1, "dynamic": 2}
@@ -250,6 +262,9 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
         # P·V of the previous block, issued behind QK^T so it overlaps this block's softmax.
         prev = (cnt - 1) % NUM_STAGES
         prev_phase = ((cnt - 1) // NUM_STAGES) & 1
+        # Untimed at every level (only the tile's last V wait is): timed, a clock read on each side of
+        # it once per block cost level 3 as much as all its records (+12% at hsp Lq=128 max=1024 s=0.1,
+        # sampled or not: benchmarks/results/instrumentation/roles_cost_*_2026-12-02b.json).
         tlx.barrier_wait(v_fulls[prev], prev_phase)
         acc = tlx.async_dot(p, v_tiles[prev], acc)
         qk = tlx.async_dot_wait(1, qk)
@@ -317,12 +332,14 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              PEEL: tl.constexpr, SCHEDULE: tl.constexpr, PROFILE: tl.constexpr,
-             NUM_STAGES: tl.constexpr, Q_BUFS: tl.constexpr, ABLATE: tl.constexpr = 0):
+             NUM_STAGES: tl.constexpr, Q_BUFS: tl.constexpr, ABLATE: tl.constexpr = 0, SAMPLE: tl.constexpr = 1):
     SPLIT_M: tl.constexpr = BLOCK_M // 2
     NO_O_STORE: tl.constexpr = (ABLATE & 1) != 0
     NO_EXP: tl.constexpr = (ABLATE & 2) != 0
     REUSE_KV: tl.constexpr = (ABLATE & 4) != 0
     NO_MASK: tl.constexpr = (ABLATE & 8) != 0
+    SLOW_PRODUCER: tl.constexpr = (ABLATE & 16) != 0
+    SLOW_EPILOGUE: tl.constexpr = (ABLATE & 32) != 0
     DYNAMIC: tl.constexpr = SCHEDULE == 2
     # q, k, v and o come as pointers (the op) or as host-made descriptors (a caller comparing the two).
     desc_q = tma.descriptor(desc_q, q_rows, H * HEAD_DIM, q_stride, SPLIT_M, HEAD_DIM)
@@ -377,6 +394,11 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
             n_done = 0
             pos = pid
             while pos < n_work:
+                if PROFILE >= 3:
+                    ev = prof.event_base(rec_ptr, rec_waits_off, rec_tile_cap, pos, 0, n_progs, _N_ROLES, _N_SITES,
+                                         SAMPLE)
+                    prof.event_start(rec_ptr, ev, pid, prof.globaltimer(), tlx.clock64())
+                    prof.event_site_waits(rec_ptr, ev, _N_SITES, False, _PRODUCER_SITES, (w_qe, w_ke, w_ve, w_pe))
                 tile = tl.load(work_list + pos)
                 b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks = _tile_geometry(
                     tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
@@ -384,6 +406,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                 for c in tl.static_range(2):
                     w_pe, n_pe = _post_tile(box[c], box_fulls[c], box_empties[c], (n_done & 1) ^ 1, pos, tile, b, h,
                                             m0, Lq, Lk, o_row0, blk_lo, n_blocks, w_pe, n_pe, PROFILE)
+                if PROFILE >= 3:
+                    prof.event_mark(rec_ptr, ev)
                 if n_blocks > 0:
                     kv_col = (h // GROUP) * HEAD_DIM
                     qb = q_cnt % Q_BUFS
@@ -405,12 +429,17 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     kv_cnt += 1
                     for j in range(1, n_blocks):
                         row = kv_start + (blk_lo + j) * BLOCK_N
+                        if SLOW_PRODUCER:
+                            prof.spin(_PLANT_CYCLES)
                         w_ke, n_ke = _load_kv(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, row, kv_col,
                                               TILE_BYTES_KV, w_ke, n_ke, NUM_STAGES, PROFILE, REUSE_KV)
                         w_ve, n_ve = _load_kv(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, row, kv_col,
                                               TILE_BYTES_KV, w_ve, n_ve, NUM_STAGES, PROFILE, REUSE_KV)
                         kv_cnt += 1
                     q_cnt += 1
+                if PROFILE >= 3:
+                    prof.event_site_waits(rec_ptr, ev, _N_SITES, True, _PRODUCER_SITES, (w_qe, w_ke, w_ve, w_pe))
+                    prof.event_end(rec_ptr, ev)
                 n_done += 1
                 pos = _next_position(pos, n_progs, queue_ptr, DYNAMIC)
             # Tell both consumers the list is done.
@@ -448,12 +477,23 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
             if cid == 1:
                 # Consumer 0 takes the first turn on the tensor cores.
                 tlx.named_barrier_arrive(_TURN_0, _CONSUMER_THREADS)
+            if PROFILE >= 3:
+                # A consumer's window on a tile opens with its wait for the tile in the mailbox.
+                t_take = prof.globaltimer()
+                c_take = tlx.clock64()
+                w_pf_take = w_pf
             pos, tile, b, h, m0, Lq, Lk, o_row0, blk_lo, n_blocks, w_pf, n_pf = _take_tile(
                 box[cid], box_fulls[cid], box_empties[cid], 0, cid, w_pf, n_pf, PROFILE)
             while pos < n_work:
                 if PROFILE:
                     t0 = prof.globaltimer()
                     c0 = tlx.clock64()
+                if PROFILE >= 3:
+                    ev = prof.event_base(rec_ptr, rec_waits_off, rec_tile_cap, pos, 1 + cid, n_progs, _N_ROLES,
+                                         _N_SITES, SAMPLE)
+                    prof.event_start(rec_ptr, ev, pid, t_take, c_take)
+                    prof.event_site_waits(rec_ptr, ev, _N_SITES, False, _CONSUMER_SITES,
+                                          (w_qf, w_kf, w_vf, w_turn, w_pf_take))
                 r0 = m0 + cid * SPLIT_M
                 row_ids = r0 + tl.arange(0, SPLIT_M)
                 m_i = tl.full([SPLIT_M], float("-inf"), tl.float32)
@@ -508,6 +548,10 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     acc = tlx.async_dot(p, v_tiles[last], acc)
                     acc = tlx.async_dot_wait(0, acc)
                     tlx.barrier_arrive(v_empties[last], 1)
+                if PROFILE >= 3:
+                    prof.event_mark(rec_ptr, ev)
+                if SLOW_EPILOGUE:
+                    prof.spin(2 * _PLANT_CYCLES)
                 # Epilogue: rows that saw no key get zeros and lse = -inf.
                 seen = l_i > 0.0
                 l_safe = tl.where(seen, l_i, 1.0)
@@ -554,6 +598,13 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                         prof.write_tile(rec_ptr, rec_tiles_off, rec_tile_cap, pos, pid, prof.smid(), tile, b, h,
                                         m0 // BLOCK_M, Lk, n_blocks, t0, prof.globaltimer(), c0, tlx.clock64(),
                                         1 + cid)
+                if PROFILE >= 3:
+                    prof.event_site_waits(rec_ptr, ev, _N_SITES, True, _CONSUMER_SITES,
+                                          (w_qf, w_kf, w_vf, w_turn, w_pf))
+                    prof.event_end(rec_ptr, ev)
+                    t_take = prof.globaltimer()
+                    c_take = tlx.clock64()
+                    w_pf_take = w_pf
                 n_done += 1
                 pos, tile, b, h, m0, Lq, Lk, o_row0, blk_lo, n_blocks, w_pf, n_pf = _take_tile(
                     box[cid], box_fulls[cid], box_empties[cid], n_done & 1, cid, w_pf, n_pf, PROFILE)
@@ -584,22 +635,24 @@ def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str
                  "rec_spans_off", "rec_waits_off"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "PEEL", "SCHEDULE",
-                 "PROFILE", "NUM_STAGES", "Q_BUFS", "ABLATE"):
+                 "PROFILE", "NUM_STAGES", "Q_BUFS", "ABLATE", "SAMPLE"):
         sig[name] = "constexpr"
     return sig
 
 
 def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate=0,
-                   kv_stages=None, q_bufs=NUM_Q_BUFS, block_n=BLOCK_N) -> dict:
+                   kv_stages=None, q_bufs=NUM_Q_BUFS, block_n=BLOCK_N, sample=1) -> dict:
     """`block_n`: keys per KV block; the K/V ring depth follows it (`KV_STAGES`) unless `kv_stages`
-    overrides it. `kv_stages` and `q_bufs` (Q buffers per consumer) exist for benchmarks of the choice."""
+    overrides it. `kv_stages` and `q_bufs` (Q buffers per consumer) exist for benchmarks of the choice.
+    `sample`: at profile level 3, event records for every `sample`-th tile of the list."""
     return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window, "PEEL": peel, "SCHEDULE": SCHEDULE_IDS[schedule],
-            "PROFILE": int(profile), "NUM_STAGES": kv_stages or KV_STAGES[block_n], "Q_BUFS": q_bufs, "ABLATE": ablate}
+            "PROFILE": int(profile), "NUM_STAGES": kv_stages or KV_STAGES[block_n], "Q_BUFS": q_bufs, "ABLATE": ablate,
+            "SAMPLE": sample}
 
 
 # PROFILE levels by the name they carry in variant names.
-PROFILE_LEVELS = {"noprof": 0, "prof-tiles": 1, "prof": 2}
+PROFILE_LEVELS = {"noprof": 0, "prof-tiles": 1, "prof": 2, "prof-roles": 3}
 
 
 @provider
@@ -618,6 +671,8 @@ def fwd_variants() -> list[KernelVariant]:
                         for prof_name, level in PROFILE_LEVELS.items():
                             if mode != "bcast" and (schedule == "static" or not peel or level == 1):
                                 continue  # mask modes share the schedule/peeling/profiling code with bcast
+                            if level == 3 and (mode != "bcast" or not peel or dtype != "bf16"):
+                                continue  # the role events are the same code in every mode and dtype
                             for block_n in (BLOCK_N, SHORT_Q_BLOCK_N):
                                 if block_n != BLOCK_N and not peel:
                                     continue

@@ -1,7 +1,8 @@
 """Device-side instrumentation helpers shared by the kernels.
 
 PROFILE is a constexpr level: 0 = off, 1 = tile records and warp-role spans, 2 = also the
-barrier-wait accumulators (a clock read on each side of every wait, so it costs more). Everything
+barrier-wait accumulators (a clock read on each side of every wait, so it costs more), 3 = also
+one event record per (sampled tile, warp role): the role's window on that tile and its waits. Everything
 here runs under `if PROFILE` checks, so at level 0 none of it reaches the compiled kernel: no
 clock or timer reads in the PTX. The record layout itself lives
 in `jfa_prof.records`; these constexprs mirror its enums so kernels never hard-code an offset.
@@ -10,7 +11,8 @@ import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
 
-from jfa_prof.records import BARRIER_WORDS, SPAN_WORDS, TILE_WORDS, Header, Span, Tile, Wait
+from jfa_prof.records import (BARRIER_WORDS, EVENT_FIXED_WORDS, SPAN_WORDS, TILE_WORDS, Event, Header, Span, Tile,
+                              Wait)
 
 TILE_WORDS_C = tl.constexpr(TILE_WORDS)
 SPAN_WORDS_C = tl.constexpr(SPAN_WORDS)
@@ -39,6 +41,16 @@ S_N_TILES = tl.constexpr(int(Span.N_TILES))
 S_VALID = tl.constexpr(int(Span.VALID))
 W_CYCLES = tl.constexpr(int(Wait.CYCLES))
 W_COUNT = tl.constexpr(int(Wait.COUNT))
+H_EVENTS_DROPPED = tl.constexpr(int(Header.EVENTS_DROPPED))
+E_CTA = tl.constexpr(int(Event.CTA))
+E_SMID = tl.constexpr(int(Event.SMID))
+E_T_START = tl.constexpr(int(Event.T_START))
+E_T_MARK = tl.constexpr(int(Event.T_MARK))
+E_T_END = tl.constexpr(int(Event.T_END))
+E_C_START = tl.constexpr(int(Event.C_START))
+E_C_END = tl.constexpr(int(Event.C_END))
+E_VALID = tl.constexpr(int(Event.VALID))
+E_FIXED = tl.constexpr(EVENT_FIXED_WORDS)
 
 
 @triton.jit
@@ -132,3 +144,82 @@ def write_wait(rec_ptr, waits_off, cta, role, n_roles, site: tl.constexpr, n_sit
     base = rec_ptr + waits_off + ((cta * n_roles + role).to(tl.int64) * n_sites + site) * WAIT_WORDS_C
     tl.store(base + W_CYCLES, cycles.to(tl.int64))
     tl.store(base + W_COUNT, count.to(tl.int64))
+
+
+@triton.jit
+def write_site_waits(rec_ptr, waits_off, cta, role, n_roles, sites: tl.constexpr, n_sites: tl.constexpr, cycles,
+                     counts):
+    """`write_wait` of several sites: `sites` a tuple of site ids, `cycles` and `counts` their accumulators."""
+    for i in tl.static_range(len(sites)):
+        write_wait(rec_ptr, waits_off, cta, role, n_roles, sites[i], n_sites, cycles[i], counts[i])
+
+
+@triton.jit
+def spin(cycles: tl.constexpr):
+    """A planted delay: busy-wait `cycles` SM clock cycles."""
+    end = tlx.clock64() + cycles
+    now = tlx.clock64()
+    while now < end:
+        now = tlx.clock64()
+
+
+# ---------------------------------------------------------------------------------------------
+# Level 3: event records. The section follows the wait accumulators; its offset and capacity are
+# derived here from the launch's own numbers (`records.Layout.event_capacity_for`), so no kernel
+# argument carries them. Each record is written in three parts (start, mark, end) at the moment
+# they happen: nothing but the slot stays live across the tile.
+# ---------------------------------------------------------------------------------------------
+@triton.jit
+def event_base(rec_ptr, waits_off, tile_cap, pos, role, n_progs, n_roles: tl.constexpr, n_sites: tl.constexpr,
+               SAMPLE: tl.constexpr):
+    """The record of tile `pos` for `role`, or a null offset (-1) when the tile is not sampled or
+    its slot is past the section's end (then the drop counter moves)."""
+    events_off = waits_off + n_progs * n_roles * n_sites * WAIT_WORDS_C
+    cap = (tile_cap + SAMPLE - 1) // SAMPLE
+    grp = pos // SAMPLE
+    off = tl.full([], -1, tl.int64)
+    if pos % SAMPLE == 0:
+        if grp < cap:
+            off = events_off + (grp * n_roles + role).to(tl.int64) * (E_FIXED + 2 * n_sites)
+        else:
+            tl.atomic_add(rec_ptr + H_EVENTS_DROPPED, 1, sem="relaxed")
+    return off
+
+
+@triton.jit
+def event_start(rec_ptr, off, cta, t0, c0):
+    if off >= 0:
+        base = rec_ptr + off
+        tl.store(base + E_CTA, cta.to(tl.int64))
+        tl.store(base + E_SMID, smid().to(tl.int64))
+        tl.store(base + E_T_START, t0)
+        tl.store(base + E_C_START, c0)
+
+
+@triton.jit
+def event_waits(rec_ptr, off, n_sites: tl.constexpr, end: tl.constexpr, site: tl.constexpr, cycles):
+    """One site's cumulative wait cycles at the window's start (end=False) or end."""
+    if off >= 0:
+        tl.store(rec_ptr + off + E_FIXED + end * n_sites + site, cycles)
+
+
+@triton.jit
+def event_site_waits(rec_ptr, off, n_sites: tl.constexpr, end: tl.constexpr, sites: tl.constexpr, cycles):
+    """`event_waits` of several sites: `sites` a tuple of site ids, `cycles` their accumulators."""
+    for i in tl.static_range(len(sites)):
+        event_waits(rec_ptr, off, n_sites, end, sites[i], cycles[i])
+
+
+@triton.jit
+def event_mark(rec_ptr, off):
+    if off >= 0:
+        tl.store(rec_ptr + off + E_T_MARK, globaltimer())
+
+
+@triton.jit
+def event_end(rec_ptr, off):
+    if off >= 0:
+        base = rec_ptr + off
+        tl.store(base + E_T_END, globaltimer())
+        tl.store(base + E_C_END, tlx.clock64())
+        tl.store(base + E_VALID, 1)

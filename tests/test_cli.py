@@ -117,7 +117,8 @@ def test_other_exceptions_are_not_swallowed():
 
 
 
-COMMANDS = ["heatmap", "spills", "waterfall", "ncu", "timeline", "barriers", "bench", "record", "report", "doctor"]
+COMMANDS = ["heatmap", "spills", "waterfall", "ncu", "timeline", "barriers", "bench", "record", "report", "doctor",
+            "diagnose"]
 
 
 @pytest.mark.parametrize("name", COMMANDS)

@@ -277,6 +277,9 @@ def test_timeline_json_and_files_say_they_come_from_bundled_recordings(tmp_path)
     d = _json(result)
     assert d["bundled"] is True and d["origin"] == "bundled" and "not live" in d["source"]
     assert d["json"] == str(out) and d["html"] == str(html) and d["tiles"] == 8192 and d["sms"] == 132
+    # The default is the level-3 forward recording: every role's every tile, and the hand-offs between them.
+    assert d["level"] == 3 and d["events"] == 3 * 8192 and d["roles"] == ["producer", "consumer0", "consumer1"]
+    assert d["flows"] == 2 * 8192
     meta = json.loads(out.read_text())["metadata"]
     assert meta["bundled"] is True and "not live" in meta["source"]
     assert "bundled H200 recording, not live" in html.read_text()

@@ -391,3 +391,92 @@ def test_damaged_zip_headers_are_one_short_line(tmp_path, run, offset):
         read_trace(p)
     assert len(str(info.value)) < 300 and "\n" not in str(info.value), str(info.value)[:400]
     assert "allow_pickle" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# level 3: event records
+# ---------------------------------------------------------------------------------------------
+
+def _event_trace(sample=1, capacity=None, n_tiles=6):
+    """Three roles on two CTAs: tile p runs on CTA p % 2 from 1000 p ns for 800 ns at 2 cycles per
+    ns, its mark at 600 ns, and role r waits 10 (r + 1) cycles at site r within it."""
+    import pandas as pd
+
+    cap = n_tiles if capacity is None else capacity
+    events_cap = Layout.event_capacity_for(cap, 3, sample)
+    layout = Layout(tile_capacity=cap, n_ctas=2, n_roles=3, n_sites=len(FWD_SITES), event_capacity=events_cap)
+    tiles = pd.DataFrame({"slot": range(n_tiles), "cta": [p % 2 for p in range(n_tiles)], "smid": [p % 2 for p in
+                          range(n_tiles)], "tile": [n_tiles - 1 - p for p in range(n_tiles)], "batch": range(n_tiles),
+                          "head": 0, "block": 0, "kv_len": 100, "n_blocks": 1, "role": 1,
+                          "t_start": [tracegen.GLOBALTIMER_EPOCH + 1000 * p for p in range(n_tiles)],
+                          "t_end": [tracegen.GLOBALTIMER_EPOCH + 1000 * p + 700 for p in range(n_tiles)],
+                          "c_start": [2000 * p for p in range(n_tiles)], "c_end": [2000 * p + 1400 for p in
+                                                                                   range(n_tiles)]})
+    buf = tracegen.encode(layout, tiles)
+    rows = [(p, r) for p in range(0, n_tiles, sample) for r in range(3)]
+    t0 = [tracegen.GLOBALTIMER_EPOCH + 1000 * p for p, _ in rows]
+    ev = pd.DataFrame({"pos": [p for p, _ in rows], "role_id": [r for _, r in rows], "cta": [p % 2 for p, _ in rows],
+                       "smid": [p % 2 for p, _ in rows], "t_start": t0, "t_mark": [t + 600 for t in t0],
+                       "t_end": [t + 800 for t in t0], "c_start": [2000 * p for p, _ in rows],
+                       "c_end": [2000 * p + 1600 for p, _ in rows]})
+    start = np.full((len(rows), len(FWD_SITES)), 5000, dtype=np.int64)
+    end = start.copy()
+    for i, (_, r) in enumerate(rows):
+        end[i, r] += 10 * (r + 1)
+    tracegen.encode_events(layout, buf, ev, start, end, sample=sample)
+    meta = tracegen.make_meta(layout, n_sms=8, profile_level=3, n_work=n_tiles)
+    return buf, meta
+
+
+def test_event_records_decode_to_per_tile_waits():
+    buf, meta = _event_trace()
+    tr = trace_from_buffer(buf, meta)
+    ev = tr.events
+    assert tr.level == 3 and tr.sample == 1 and tr.events_dropped == 0 and len(ev) == 18
+    assert list(ev.columns) == list(trace_mod.event_columns(FWD_SITES))
+    # The tile record joins in; times share the tiles' clock (t0 = the first tile's start).
+    assert (ev["tile"] == 5 - ev["pos"]).all() and (ev["batch"] == ev["pos"]).all()
+    assert (ev["start_ns"] == 1000 * ev["pos"]).all() and (ev["mark_ns"] - ev["start_ns"] == 600).all()
+    assert (ev["dur_ns"] == 800).all() and (ev["dur_cycles"] == 1600).all()
+    for r, site in enumerate(FWD_SITES[:3]):
+        mine = ev[ev["role_id"] == r]
+        assert (mine[f"wait_{site}"] == 10 * (r + 1)).all() and (mine[f"wait_{site}_ns"] == 5.0 * (r + 1)).all()
+        assert (ev.loc[ev["role_id"] != r, f"wait_{site}"] == 0).all()
+    assert ev.groupby("role_id")["role"].first().tolist() == list(FWD_ROLES)
+
+
+def test_sampled_and_dropped_event_records():
+    buf, meta = _event_trace(sample=2)
+    tr = trace_from_buffer(buf, meta)
+    assert tr.sample == 2 and sorted(set(tr.events["pos"])) == [0, 2, 4]
+    buf, meta = _event_trace(capacity=4)
+    tr = trace_from_buffer(buf, {**meta, "n_work": 6})
+    assert tr.events_dropped == 2 * 3 and len(tr.events) == 4 * 3
+    assert any("event record(s) dropped" in w for w in tr.warnings)
+
+
+def test_event_records_round_trip_and_a_level2_trace_has_none(tmp_path, run):
+    buf, meta = _event_trace()
+    back = read_trace(write_trace(tmp_path / "e.jfatrace", buf, meta))
+    assert back.layout.event_capacity == 18 and len(back.events) == 18
+    buf2, meta2, _ = run
+    tr = trace_from_buffer(buf2, meta2)
+    assert tr.events.empty and list(tr.events.columns) == list(trace_mod.event_columns(tr.sites))
+
+
+def test_a_layout_1_file_reads_with_no_event_section(tmp_path, run):
+    buf, meta, _ = run
+    lay = {k: v for k, v in meta["layout"].items() if k != "event_capacity"}
+    p = _npz(tmp_path / "v1.jfatrace", records=buf,
+             meta=_meta_bytes({**meta, "layout": {**lay, "version": 1}, "format": FORMAT, "format_version": 1}))
+    tr = read_trace(p)
+    assert tr.layout.event_capacity == 0 and tr.events.empty and len(tr.tiles) == 50
+
+
+def test_event_records_whose_waits_run_backwards_are_refused():
+    buf, meta = _event_trace()
+    layout = trace_mod.layout_from_meta(meta)
+    parts = layout.split(buf)
+    parts["events"][0, -1] = 0  # a cumulative wait at the window's end below its start
+    with pytest.raises(BadInputError, match="waits run backwards"):
+        trace_from_buffer(buf, meta)

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from jfa_prof.records import FWD_ROLES, FWD_SITES, Header, Layout, Span, Tile, Wait
+from jfa_prof.records import EVENT_FIXED_WORDS, FWD_ROLES, FWD_SITES, Event, Header, Layout, Span, Tile, Wait
 from jfa_prof.trace import layout_meta
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -61,6 +61,25 @@ def encode(layout: Layout, tiles: pd.DataFrame | None = None, spans: pd.DataFram
     if waits is not None:
         parts["waits"][..., Wait.CYCLES] = waits[..., 0]
         parts["waits"][..., Wait.COUNT] = waits[..., 1]
+    return buf
+
+
+def encode_events(layout: Layout, buf: np.ndarray, events: pd.DataFrame, waits_start: np.ndarray,
+                  waits_end: np.ndarray, *, sample: int = 1) -> np.ndarray:
+    """Event records (level 3) into a buffer made by `encode`: ``events`` has columns ``pos``,
+    ``role_id`` and the Event fields in snake case; ``waits_start`` / ``waits_end`` are
+    [len(events), n_sites] cumulative wait cycles, as the kernel stores them."""
+    parts = layout.split(buf)
+    parts["header"][Header.SAMPLE] = sample
+    slots = (events["pos"].to_numpy() // sample) * layout.n_roles + events["role_id"].to_numpy()
+    fit = slots < layout.event_capacity
+    parts["header"][Header.EVENTS_DROPPED] += int((~fit).sum())
+    rows = parts["events"]
+    for f in Event:
+        rows[slots[fit], f] = 1 if f is Event.VALID else events[f.name.lower()].to_numpy()[fit]
+    n = layout.n_sites
+    rows[slots[fit], EVENT_FIXED_WORDS:EVENT_FIXED_WORDS + n] = np.asarray(waits_start)[fit]
+    rows[slots[fit], EVENT_FIXED_WORDS + n:EVENT_FIXED_WORDS + 2 * n] = np.asarray(waits_end)[fit]
     return buf
 
 

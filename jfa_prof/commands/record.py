@@ -23,8 +23,11 @@ def record(
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
     no_peel: bool = typer.Option(False, "--no-peel", help="Mask every KV block (no peeled mask tail)."),
-    level: int = typer.Option(2, "--level", min=1, max=2,
-                              help="1: tile records and warp-role spans; 2: also barrier waits (costs more)."),
+    level: int = typer.Option(2, "--level", min=1, max=3,
+                              help="1: tile records and warp-role spans; 2: also barrier waits (costs more); 3: also "
+                                   "every warp role's window and waits on each tile (timeline per role, diagnose)."),
+    sample: int = typer.Option(1, "--sample", min=1, help="Level 3: event records for every Nth tile only "
+                                                          "(cheaper on long runs)."),
     json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
 ) -> None:
     """One instrumented launch on the GPU, written as a self-describing trace file.
@@ -44,20 +47,23 @@ def record(
 
     check_writable(out, "trace")
     schedule = ablations.pass_options(pass_, schedule, dq)
+    if sample != 1 and level != 3:
+        raise BadInputError(f"--sample {sample} applies to --level 3 only (this is --level {level})")
     if pass_ == "bwd" and no_peel:
         raise BadInputError("--no-peel applies to the forward only: the backward masks every block")
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     console = Console(stderr=True, highlight=False)
     with console.status(f"recording the {pass_} of {workload.label} ({schedule}) on the GPU…"):
         if pass_ == "fwd":
-            tr = record_workload(workload, schedule, peel=not no_peel, level=level)
+            tr = record_workload(workload, schedule, peel=not no_peel, level=level, sample=sample)
         else:
-            tr = record_bwd_workload(workload, schedule, dq=dq, level=level)
+            tr = record_bwd_workload(workload, schedule, dq=dq, level=level, sample=sample)
     path = write_trace(out, tr.buffer, tr.meta)
     summary = {"path": str(path), "workload": workload.label, "schedule": schedule, "tiles": len(tr.tiles),
                "dropped": tr.dropped, "kernel_ms": tr.meta["kernel_ms"],
                "makespan_vs_kernel": tr.makespan_ns / 1e6 / tr.meta["kernel_ms"] if tr.meta["kernel_ms"] else None,
-               "makespan_ms": tr.makespan_ns / 1e6}
+               "makespan_ms": tr.makespan_ns / 1e6, "level": level, "sample": sample, "events": len(tr.events),
+               "events_dropped": tr.events_dropped}
     if json:
         typer.echo(_json.dumps(summary))
     else:

@@ -24,8 +24,19 @@ def parse_sm_range(text: str) -> tuple[int, int]:
     return rng
 
 
+def _bundled_roles_trace():
+    """The bundled level-3 forward recording (every warp role in time), else any bundled one."""
+    from jfa_prof.report import level3_recordings
+    from jfa_prof.trace import bundled_dir, open_trace, read_trace
+
+    found = [p for p in level3_recordings("fwd", modified=False) if bundled_dir() in p.parents]
+    return read_trace(found[0], origin="bundled") if found else open_trace(None)
+
+
 def timeline(
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Recorded .jfatrace file (default: a bundled H200 recording)."),
+    trace: Optional[Path] = typer.Option(
+        None, "--trace", help="Recorded .jfatrace file (default: the bundled H200 level-3 recording of the forward, "
+                              "every role's every tile)."),
     sm_range: Optional[str] = typer.Option(
         None, "--sm-range", help="SMs FIRST:END (end excluded) to keep. Default: every SM in the JSON, 0:16 in the Gantt."),
     out: Path = typer.Option(Path("trace.json"), "--out", help="Trace-event JSON for ui.perfetto.dev or chrome://tracing."),
@@ -38,6 +49,12 @@ def timeline(
 
     Tiles are events with their batch, head, block and KV length; the producer's span and the
     barrier waits ride along. The Gantt page adds each role's utilization over the whole GPU.
+
+    A level-3 recording has a record per tile for every role: each role of each CTA gets its own
+    row with every tile it worked on, arrows lead from the producer handing a tile over to each
+    consumer taking it, and a consumer's epilogue is a slice of its own. The waits inside a tile
+    are per-site sums over the tile: they are drawn back to back from the tile's start, not where
+    each wait happened.
     """
     import json as _json
 
@@ -53,7 +70,7 @@ def timeline(
     # With --json, stdout carries only the JSON document.
     console = Console(highlight=False, soft_wrap=True, stderr=json)
     rng = parse_sm_range(sm_range) if sm_range else None
-    tr = open_trace(trace)
+    tr = open_trace(trace) if trace is not None else _bundled_roles_trace()
     if rng is not None and rng[0] >= tr.n_sms:
         from jfa_prof.errors import BadInputError
 
@@ -65,23 +82,38 @@ def timeline(
         console.print(f"source: {tr.describe_origin()}")
     bundled = tr.origin == "bundled"
 
-    doc = render.chrome_trace(tr.tiles, tr.spans, tr.waits, roles=tr.roles, meta=tr.meta, sm_range=rng)
+    has_events = len(tr.events) > 0
+    gaps = []
+    if tr.level >= 3 and tr.sample > 1:
+        gaps.append(f"only 1 tile in {tr.sample} has event records")
+    if tr.level >= 3 and tr.events_dropped:
+        gaps.append(f"{tr.events_dropped:,} event record(s) were dropped")
+    if gaps:
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]warning:[/] {' and '.join(gaps)}: the role rows and flow arrows miss those tiles")
+
+    doc = render.chrome_trace(tr.tiles, tr.spans, tr.waits, events=tr.events, sites=tr.sites, pass_=tr.pass_,
+                              roles=tr.roles, meta=tr.meta, sm_range=rng)
     # The file travels without the terminal line that says where its data came from.
     doc.setdefault("metadata", {}).update({"origin": tr.origin, "source": tr.describe_origin(), "bundled": bundled})
+    if has_events:
+        doc["metadata"].update({"level": tr.level, "sample": tr.sample, "events_dropped": tr.events_dropped})
     render.write_chrome_trace(doc, out)
-    n_tiles = sum(1 for e in doc["traceEvents"] if e.get("cat") == "tile")
-    n_sms = sum(1 for e in doc["traceEvents"] if e.get("name") == "process_name")
-    summary = {"json": str(out), "tiles": n_tiles, "sms": n_sms, "sm_range": list(rng) if rng else None,
+    counts = render.event_counts(doc)
+    summary = {"json": str(out), "tiles": counts["tiles"], "sms": counts["sms"], "sm_range": list(rng) if rng else None,
                "origin": tr.origin, "source": tr.describe_origin(), "bundled": bundled,
                "trace": str(tr.path) if tr.path else None, "schedule": tr.schedule, "dropped": tr.dropped,
-               "warnings": tr.warnings, "html": None}
+               "roles": list(tr.roles), "level": tr.level, "events": counts["events"], "sample": tr.sample,
+               "events_dropped": tr.events_dropped, "flows": counts["flows"], "warnings": tr.warnings, "html": None}
     if not json:
-        console.print(f"wrote {out}: {n_tiles:,} tiles on {n_sms} SMs (open in https://ui.perfetto.dev or "
+        what = (f"{counts['events']:,} role records of {counts['tiles']:,} tiles, {counts['flows']:,} flow arrows,"
+                if has_events else f"{counts['tiles']:,} tiles")
+        console.print(f"wrote {out}: {what} on {counts['sms']} SMs (open in https://ui.perfetto.dev or "
                       "chrome://tracing)")
     if html is not None:
         from jfa_prof.analyses.occupancy import role_utilization
 
-        bars = render.gantt_bars(tr.tiles, sm_range=rng or (0, 16), max_bars=max_bars)
+        bars = render.gantt_bars(tr.tiles, events=tr.events, sm_range=rng or (0, 16), max_bars=max_bars)
         util = role_utilization(tr.tiles, tr.spans, tr.roles, n_ctas=tr.n_ctas, n_bins=200)
         lo, hi = rng or (0, 16)
         title = f"tiles on SMs {lo}–{min(hi, tr.n_sms) - 1} · {tr.workload_label} · {tr.schedule}"

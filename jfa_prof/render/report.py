@@ -57,6 +57,9 @@ td.ok { color: #1a7f37; } td.warn { color: #9a6700; } td.fail { color: #cf222e; 
 """
 
 _INTROS = {
+    "diagnosis": "Why the kernel takes its time, from the per-tile event records of each level-3 recording: the "
+                 "causes ranked by their share of the tensor roles' time, each with its evidence and the experiment "
+                 "that would confirm it.",
     "environment": "What can run on the machine that made this page (jfa-prof doctor).",
     "heatmap": "Which SMs worked when under each schedule, and how unevenly: makespan, busy max/mean, the tail "
                "after a typical SM is done, idle fraction, the tiles that end last.",
@@ -71,7 +74,7 @@ _INTROS = {
 }
 _TITLES = {"environment": "Environment", "heatmap": "SM heatmap and imbalance", "barriers": "Barrier waits",
            "spills": "Registers and spills", "ncu": "Nsight Compute counters", "waterfall": "Time by component",
-           "bench": "Against FlashAttention-4"}
+           "bench": "Against FlashAttention-4", "diagnosis": "Diagnosis"}
 
 
 def rich_html(draw: Callable[[Console], Any]) -> str:
@@ -167,6 +170,8 @@ def _ncu_passes(report: Report) -> list[str]:
 
 def _scope(report: Report, key: str) -> str | None:
     """The workload and pass a section shows, in the words the page prints under its heading."""
+    if key == "diagnosis":
+        return " / ".join(f"{label} · pass {d.pass_} · level {d.critical.level}" for label, d in report.diagnoses)
     if key in ("heatmap", "barriers"):
         return f"workload {report.workload_label} · pass {_trace_pass(report)} · {len(report.traces)} recording(s)"
     if key == "spills":
@@ -239,6 +244,13 @@ def _barrier_tables(report: Report) -> list[str]:
     return out
 
 
+def _diagnosis_tables(report: Report) -> list[str]:
+    from jfa_prof.render import diagnose
+
+    return [rich_html(lambda c, label=label, d=d: diagnose.render(d, c, title=f"diagnosis · {label}"))
+            for label, d in report.diagnoses]
+
+
 def _ncu_tables(report: Report) -> list[str]:
     from jfa_prof.analyses.ncu import compare
     from jfa_prof.render import ncu
@@ -292,7 +304,9 @@ def report_html(report: Report) -> str:
     body: dict[str, list[str]] = {}
     for key in report.sections():
         blocks: list[str] = []
-        if key == "environment":
+        if key == "diagnosis":
+            blocks = _diagnosis_tables(report)
+        elif key == "environment":
             blocks = _environment(report)
         elif key == "heatmap":
             blocks = [fig("heatmap"), fig("finish"), _heatmap_tables(report)]

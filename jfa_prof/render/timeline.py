@@ -1,17 +1,21 @@
 """Tile timelines: Chrome/Perfetto trace-event JSON, and a plotly Gantt of a range of SMs.
 
 Trace-event layout: one process per SM (``pid`` = smid), one thread per (CTA, warp role)
-(``tid`` = cta · n_roles + role), so Perfetto stacks the roles of a CTA under its SM. Tiles are
-complete ("X") events on the thread of the role that recorded them; a role that records no
-tiles (the producer) gets its span as one event. Barrier waits ride along as arguments of the
-span events. Times are µs (the format's unit) from the kernel's first tile start.
+(``tid`` = cta · n_roles + role), so Perfetto stacks the roles of a CTA under its SM. Times are µs
+(the format's unit) from the kernel's first tile start.
+
+Below level 3, tiles are complete ("X") events on the thread of the role that recorded them; a
+role that records no tiles (the producer) gets its span as one event, and barrier waits ride
+along as arguments of the span events. At level 3 every role has an event record per tile: each
+becomes a slice, with its waits and (for the roles that receive tiles) its epilogue as child
+slices, and flow arrows lead from the producer's hand-off of a tile to each receiver.
 """
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import IO, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -19,19 +23,27 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from jfa_prof.files import write_atomic
+from jfa_prof.records import ROLE_SITES
 
-__all__ = ["chrome_trace", "gantt_figure", "gantt_bars", "write_chrome_trace"]
+__all__ = ["EncodedEvents", "WAIT_PLACEMENT", "chrome_trace", "event_counts", "gantt_figure", "gantt_bars",
+           "write_chrome_trace"]
 
 _TILE_ARGS = ("slot", "tile", "batch", "head", "block", "kv_len", "n_blocks", "dur_cycles")
 
 
 def chrome_trace(tiles: pd.DataFrame, spans: pd.DataFrame | None = None, waits: pd.DataFrame | None = None, *,
+                 events: pd.DataFrame | None = None, sites: Sequence[str] = (), pass_: str = "fwd",
                  roles: Sequence[str] = (), meta: Mapping[str, Any] | None = None,
                  sm_range: tuple[int, int] | None = None) -> dict[str, Any]:
     """The trace-event document (``{"traceEvents": [...], ...}``) of one recording.
 
+    With level-3 ``events`` (``Trace.events``; ``sites`` and ``pass_`` as in the trace) the
+    document is built from them alone, its ``traceEvents`` an :class:`EncodedEvents`: write it
+    with :func:`write_chrome_trace`. Without, from the tile records, spans and wait totals.
     ``sm_range`` (first, last+1) keeps only those SMs, for traces too big for a viewer.
     """
+    if events is not None and len(events):
+        return _role_event_trace(events, sites=sites, pass_=pass_, roles=roles, meta=meta, sm_range=sm_range)
     spans = spans if spans is not None else pd.DataFrame(columns=["cta", "role_id", "role", "smid"])
     if sm_range is not None:
         lo, hi = sm_range
@@ -41,20 +53,20 @@ def chrome_trace(tiles: pd.DataFrame, spans: pd.DataFrame | None = None, waits: 
                                   set(spans.get("role", pd.Series(dtype=object))))
     n_roles = max(len(roles), 1)
 
-    events: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     lanes = pd.concat([
         tiles[["smid", "cta", "role"]].rename(columns={"role": "role_id"}),
         spans[["smid", "cta", "role_id"]],
     ]).drop_duplicates()
     for sm in sorted(lanes["smid"].unique()):
-        events.append({"ph": "M", "name": "process_name", "pid": int(sm), "args": {"name": f"SM {int(sm)}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": int(sm), "args": {"sort_index": int(sm)}})
+        out.append({"ph": "M", "name": "process_name", "pid": int(sm), "args": {"name": f"SM {int(sm)}"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": int(sm), "args": {"sort_index": int(sm)}})
     for sm, cta, rid in lanes.sort_values(["smid", "cta", "role_id"]).itertuples(index=False):
         tid = int(cta) * n_roles + int(rid)
         name = roles[int(rid)] if 0 <= int(rid) < len(roles) else f"role {int(rid)}"
-        events.append({"ph": "M", "name": "thread_name", "pid": int(sm), "tid": tid,
+        out.append({"ph": "M", "name": "thread_name", "pid": int(sm), "tid": tid,
                        "args": {"name": f"CTA {int(cta)} {name}"}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": int(sm), "tid": tid,
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": int(sm), "tid": tid,
                        "args": {"sort_index": tid}})
 
     if len(tiles):
@@ -65,7 +77,7 @@ def chrome_trace(tiles: pd.DataFrame, spans: pd.DataFrame | None = None, waits: 
         tid = tiles["cta"].to_numpy() * n_roles + tiles["role"].to_numpy()
         arg_rows = [dict(zip(cols, vals)) for vals in zip(*[a.tolist() for a in cols.values()])]
         names = ("tile " + tiles["tile"].astype(str)).tolist()
-        events.extend(
+        out.extend(
             {"ph": "X", "cat": "tile", "name": n, "pid": p, "tid": t, "ts": s, "dur": d, "args": a}
             for n, p, t, s, d, a in zip(names, pid.tolist(), tid.tolist(), ts.tolist(), dur.tolist(), arg_rows)
         )
@@ -79,7 +91,7 @@ def chrome_trace(tiles: pd.DataFrame, spans: pd.DataFrame | None = None, waits: 
     for r in spans.itertuples(index=False):
         if int(r.role_id) in tile_roles:
             continue
-        events.append({
+        out.append({
             "ph": "X", "cat": "role", "name": f"{r.role} span", "pid": int(r.smid),
             "tid": int(r.cta) * n_roles + int(r.role_id), "ts": float(r.start_ns) / 1e3,
             "dur": float(r.end_ns - r.start_ns) / 1e3,
@@ -92,28 +104,234 @@ def chrome_trace(tiles: pd.DataFrame, spans: pd.DataFrame | None = None, waits: 
         for (cta, rid), row in first.iterrows():
             args = wait_args.get((int(cta), int(rid)))
             if args:
-                events.append({"ph": "i", "s": "t", "cat": "waits", "name": "barrier waits", "pid": int(row.smid),
+                out.append({"ph": "i", "s": "t", "cat": "waits", "name": "barrier waits", "pid": int(row.smid),
                                "tid": int(cta) * n_roles + int(rid), "ts": float(row.ts) / 1e3, "args": args})
 
-    doc: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ns"}
+    doc: dict[str, Any] = {"traceEvents": out, "displayTimeUnit": "ns"}
     if meta is not None:
-        doc["metadata"] = {k: meta[k] for k in ("gpu", "kernel", "workload", "schedule", "schedule_mechanism",
-                                                "date", "kernel_ms") if k in meta}
+        doc["metadata"] = _doc_metadata(meta)
     return doc
 
 
+def _doc_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: meta[k] for k in ("gpu", "kernel", "workload", "schedule", "schedule_mechanism", "date", "kernel_ms")
+            if k in meta}
+
+
 def write_chrome_trace(doc: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    # dumps, not dump: json.dump streams through the pure-Python encoder, 5x slower on 100k events
-    return write_atomic(path, json.dumps(doc, separators=(",", ":")))
+    events = doc["traceEvents"]
+    if not isinstance(events, EncodedEvents):
+        # dumps, not dump: json.dump streams through the pure-Python encoder, 5x slower on 100k events
+        return write_atomic(path, json.dumps(doc, separators=(",", ":")))
+    rest = json.dumps({k: v for k, v in doc.items() if k != "traceEvents"}, separators=(",", ":"))
+
+    def write(f: IO[bytes]) -> None:
+        f.write(b'{"traceEvents":')
+        events.write_json(f)
+        f.write(("," + rest[1:] if rest != "{}" else "}").encode())
+
+    return write_atomic(path, write)
 
 
-def gantt_bars(tiles: pd.DataFrame, *, sm_range: tuple[int, int] = (0, 16), max_bars: int = 4000) -> pd.DataFrame:
+def event_counts(doc: Mapping[str, Any]) -> dict[str, int]:
+    """Tiles, SMs, event records and flow arrows of a document, without decoding its events."""
+    counts = (doc.get("metadata") or {}).get("counts")
+    if counts is not None:
+        return dict(counts)
+    events = doc["traceEvents"]
+    return {"tiles": sum(1 for e in events if e.get("cat") == "tile"),
+            "sms": sum(1 for e in events if e.get("name") == "process_name"), "events": 0, "flows": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# level 3: one slice per (tile, role) event record
+# ---------------------------------------------------------------------------------------------
+
+# A receiving role's window opens with its wait for the tile in the mailbox (forward consumers),
+# so that wait is laid first and the flow from the producer ends where it ends. The backward has
+# no such site: its compute role's window starts with the tile taken.
+_MAILBOX_SITE = "queue"
+_SENDER = "producer"
+_FLOW_NAMES = {"fwd": "tile posted", "bwd": "K/V load issued"}
+WAIT_PLACEMENT = ("An event record holds, per site, the cycles its role waited there summed over the tile, not "
+                  "when each wait happened. The 'wait <site>' slices lay these sums back to back from the tile's "
+                  f"start ({_MAILBOX_SITE!r} first, then the recording's site order), cut where they would run "
+                  "past the tile or into a consumer's epilogue; their args keep the recorded cycles.")
+# Repeated in every wait slice: short, the metadata's "waits" entry says it in full.
+_WAIT_NOTE = "per-tile sum, placed back to back"
+
+
+class EncodedEvents(Sequence):
+    """Trace events kept as JSON text, one object per entry, behind a few decoded ones (metadata).
+
+    A level-3 timeline has millions of events; formatting their text straight from the columns
+    is several times faster than building a dict per event and encoding it. Indexing and
+    iterating decode, so a small document reads like the list of dicts it stands for.
+    """
+
+    def __init__(self, head: list[dict[str, Any]], lines: list[str]):
+        self.head = head
+        self.lines = lines
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.lines)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # negative indices, IndexError past the end
+        return self.head[i] if i < len(self.head) else json.loads(self.lines[i - len(self.head)])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        yield from self.head
+        for line in self.lines:
+            yield json.loads(line)
+
+    def write_json(self, f: IO[bytes], chunk: int = 100_000) -> None:
+        """Write the events as one JSON array, a chunk of lines at a time: joining and encoding
+        hundreds of megabytes at once costs as much again as writing them."""
+        lines = [json.dumps(e, separators=(",", ":")) for e in self.head] + self.lines
+        f.write(b"[")
+        for i in range(0, len(lines), chunk):
+            f.write((",\n" if i else "").encode() + ",\n".join(lines[i:i + chunk]).encode())
+        f.write(b"]")
+
+
+def _fmt_rows(fmt: str, *cols: np.ndarray) -> list[str]:
+    """``fmt % row`` for every row of the columns: the one per-event Python step."""
+    return [fmt % row for row in zip(*(np.asarray(c).tolist() for c in cols))]
+
+
+def _key(name: str) -> str:
+    """A JSON string literal safe inside a %-format."""
+    return json.dumps(name).replace("%", "%%")
+
+
+def _role_event_trace(ev: pd.DataFrame, *, sites: Sequence[str], pass_: str, roles: Sequence[str],
+                      meta: Mapping[str, Any] | None, sm_range: tuple[int, int] | None) -> dict[str, Any]:
+    # without the trace's site list, its order is the columns' (the reader writes them in site order)
+    sites = list(sites) or [c[len("wait_"):-len("_ns")] for c in ev.columns
+                            if c.startswith("wait_") and c.endswith("_ns")]
+    # tids from the whole recording's role ids, so a CTA's rows keep their tid under any SM range
+    n_roles = max(len(roles), int(ev["role_id"].max()) + 1)
+    if sm_range is not None:
+        lo, hi = sm_range
+        ev = ev[(ev["smid"] >= lo) & (ev["smid"] < hi)]
+    ev = ev.reset_index(drop=True)
+    cta = ev["cta"].to_numpy(np.int64)
+    pid = ev["smid"].to_numpy(np.int64)
+    tid = cta * n_roles + ev["role_id"].to_numpy(np.int64)
+    mark = ev["mark_ns"].to_numpy(np.int64)
+    end = ev["end_ns"].to_numpy(np.int64)
+    role = ev["role"].to_numpy(object)
+    receiver = role != _SENDER
+
+    head: list[dict[str, Any]] = []
+    for sm in np.unique(pid).tolist():
+        head.append({"ph": "M", "name": "process_name", "pid": sm, "args": {"name": f"SM {sm}"}})
+        head.append({"ph": "M", "name": "process_sort_index", "pid": sm, "args": {"sort_index": sm}})
+    lanes = pd.DataFrame({"pid": pid, "tid": tid, "cta": cta, "role": role}).drop_duplicates(["pid", "tid"])
+    for p, t, c, r in lanes.sort_values(["pid", "tid"]).itertuples(index=False):
+        head.append({"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": f"CTA {c} · {r}"}})
+        head.append({"ph": "M", "name": "thread_sort_index", "pid": p, "tid": t, "args": {"sort_index": t}})
+
+    # Parents before children: Perfetto nests slices of equal start in file order.
+    lines = _tile_slices(ev, pid, tid, sites, pass_)
+    lines += _wait_slices(ev, pid, tid, sites, limit=np.where(receiver, mark, end))
+    # a receiver's mark is the end of its main loop
+    lines += _fmt_rows('{"ph":"X","cat":"epilogue","name":"epilogue","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f}',
+                       pid[receiver], tid[receiver], mark[receiver] / 1e3, (end - mark)[receiver] / 1e3)
+    flows = _flows(ev, pid, tid, pass_)
+    lines += flows
+
+    doc: dict[str, Any] = {"traceEvents": EncodedEvents(head, lines), "displayTimeUnit": "ns"}
+    doc["metadata"] = {**(_doc_metadata(meta) if meta is not None else {}), "waits": WAIT_PLACEMENT,
+                       "counts": {"tiles": int(ev["pos"].nunique()), "sms": len(np.unique(pid)), "events": len(ev),
+                                  "flows": len(flows) // 2}}
+    return doc
+
+
+def _tile_slices(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, sites: Sequence[str], pass_: str) -> list[str]:
+    """One "X" slice per event record, named by its tile, with its waits per site in µs."""
+    known = ev["tile"].to_numpy() >= 0
+    names = np.empty(len(ev), dtype=object)
+    names[known] = _fmt_rows("tile %d (b %d h %d blk %d)", *(ev[c][known] for c in ("tile", "batch", "head", "block")))
+    names[~known] = _fmt_rows("pos %d (no tile record)", ev["pos"][~known])
+    start = ev["start_ns"].to_numpy(np.int64)
+    dur_us = (ev["end_ns"].to_numpy(np.int64) - start) / 1e3
+    mark_us = (ev["mark_ns"].to_numpy(np.int64) - start) / 1e3
+    lines: list[str] = []
+    for role, idx in ev.groupby("role", sort=False).indices.items():
+        # each role's own sites: the others are zero for it by construction
+        role_sites = [s for s in ROLE_SITES.get(pass_, {}).get(role, sites) if s in sites]
+        waits = ",".join(f"{_key(s)}:%.3f" for s in role_sites)
+        fmt = ('{"ph":"X","cat":"tile","name":"%s","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"pos":%d,'
+               '"batch":%d,"head":%d,"block":%d,"kv_len":%d,"n_blocks":%d,"dur_cycles":%d,"mark_us":%.3f,'
+               '"wait_us":{' + waits + '}}}')
+        r = ev.iloc[idx]
+        lines += _fmt_rows(fmt, names[idx], pid[idx], tid[idx], start[idx] / 1e3, dur_us[idx],
+                           *(r[c] for c in ("pos", "batch", "head", "block", "kv_len", "n_blocks", "dur_cycles")),
+                           mark_us[idx], *(r[f"wait_{s}_ns"] / 1e3 for s in role_sites))
+    return lines
+
+
+def _wait_slices(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, sites: Sequence[str], *,
+                 limit: np.ndarray) -> list[str]:
+    """A child slice per site a role waited at within a tile: the per-tile sums laid back to back
+    from the tile's start (WAIT_PLACEMENT), cut at ``limit`` so they nest inside their parent and
+    before a receiver's epilogue."""
+    order = [s for s in sites if s == _MAILBOX_SITE] + [s for s in sites if s != _MAILBOX_SITE]
+    if not order or not len(ev):
+        return []
+    start = ev["start_ns"].to_numpy(np.int64)
+    # whole ns, so that the children's edges and their parent's compare exactly
+    waited = np.rint(np.column_stack([ev[f"wait_{s}_ns"].to_numpy(np.float64) for s in order])).astype(np.int64)
+    ends = start[:, None] + np.cumsum(waited, axis=1)
+    hi = np.minimum(ends, limit[:, None])
+    lo = np.minimum(ends - waited, hi)
+    lines: list[str] = []
+    for j, site in enumerate(order):
+        keep = hi[:, j] > lo[:, j]
+        fmt = ('{"ph":"X","cat":"wait","name":' + _key(f"wait {site}") + ',"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
+               '"args":{"cycles":%d,"placed":' + _key(_WAIT_NOTE) + '}}')
+        lines += _fmt_rows(fmt, pid[keep], tid[keep], lo[keep, j] / 1e3, (hi[keep, j] - lo[keep, j]) / 1e3,
+                           ev[f"wait_{site}"].to_numpy()[keep])
+    return lines
+
+
+def _flows(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, pass_: str) -> list[str]:
+    """Flow arrows ("s" then "f" events, one id per pair) from the producer's mark on a tile to
+    the moment each receiving role of its CTA has it: the end of its mailbox wait (forward), the
+    start of its window (backward)."""
+    arrive = ev["start_ns"].to_numpy(np.int64)
+    if f"wait_{_MAILBOX_SITE}_ns" in ev.columns:
+        arrive = arrive + np.rint(ev[f"wait_{_MAILBOX_SITE}_ns"].to_numpy(np.float64)).astype(np.int64)
+    ends = pd.DataFrame({"cta": ev["cta"].to_numpy(), "pos": ev["pos"].to_numpy(), "pid": pid, "tid": tid,
+                         "mark": ev["mark_ns"].to_numpy(np.int64), "arrive": arrive})
+    sender = (ev["role"] == _SENDER).to_numpy()
+    pairs = ends[sender].merge(ends[~sender], on=["cta", "pos"], suffixes=("_s", "_f"))
+    ids = np.arange(1, len(pairs) + 1)
+    name = _key(_FLOW_NAMES.get(pass_, "tile handed over"))
+    begin = '{"ph":"s","cat":"flow","name":' + name + ',"id":%d,"pid":%d,"tid":%d,"ts":%.3f}'
+    # binding point "e": the arrow ends on the slice enclosing its time, not on the next one to start
+    finish = '{"ph":"f","bp":"e","cat":"flow","name":' + name + ',"id":%d,"pid":%d,"tid":%d,"ts":%.3f}'
+    return (_fmt_rows(begin, ids, pairs["pid_s"], pairs["tid_s"], pairs["mark_s"] / 1e3) +
+            _fmt_rows(finish, ids, pairs["pid_f"], pairs["tid_f"], pairs["arrive_f"] / 1e3))
+
+
+def gantt_bars(tiles: pd.DataFrame, *, events: pd.DataFrame | None = None, sm_range: tuple[int, int] = (0, 16),
+               max_bars: int = 4000) -> pd.DataFrame:
     """The bars of the Gantt: one per tile, or, past ``max_bars``, neighbouring tiles of a lane
     merged into fixed time buckets (``n_merged`` > 1) so the page stays light.
+
+    With level-3 ``events`` the bars are their records, a lane per (SM, CTA, role): the producer
+    and every consumer show each tile they worked on, where the tile records hold one consumer's.
 
     Columns: ``lane`` (label), ``smid``, ``cta``, ``role``, ``start_ns``, ``end_ns``, ``n_merged``, and
     ``tile``, ``batch``, ``head``, ``kv_len`` of the bar's first tile.
     """
+    if events is not None and len(events):
+        tiles = events.rename(columns={"role_id": "role", "role": "role_name"})
     lo, hi = sm_range
     t = tiles[(tiles["smid"] >= lo) & (tiles["smid"] < hi)]
     keys = ["smid", "cta", "role"]
