@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from jfa_prof.analyses.jsonable import plain, records
+from jfa_prof.errors import BadInputError
 
 __all__ = [
     "DATA_SITES",
@@ -216,12 +217,14 @@ def _sites_of(events: pd.DataFrame) -> list[str]:
 
 def lane_breakdown(events: pd.DataFrame, *, pass_: str, t_begin_ns: float, t_end_ns: float,
                    ctas: Sequence[int] | None = None, sampled: bool = False,
-                   cta_end: Mapping[int, float] | None = None) -> pd.DataFrame:
+                   cta_end: Mapping[int, float] | None = None,
+                   cta_start: Mapping[int, float] | None = None) -> pd.DataFrame:
     """Per (CTA, role) of ``events`` (the columns of ``Trace.events``): its parts, adding up to
     ``t_end_ns - t_begin_ns``. ``ctas``: every CTA of the launch; a CTA with no record of a role
     gets a lane that is all tail. ``sampled``: not every tile has records (sampling, dropped
-    records), so the time between records is unrecorded work; ``cta_end``: each CTA's last tile
-    end (tile records), which then ends its tensor roles' work where its last tiles went unrecorded."""
+    records), so the time between records is unrecorded work; ``cta_start`` / ``cta_end``: each
+    CTA's first tile start and last tile end (tile records), which then begin and end its tensor
+    roles' work where its first or last tiles went unrecorded."""
     sites = _sites_of(events)
     wait_cols = [f"wait_{s}_ns" for s in sites]
     ev = events.sort_values(["cta", "role_id", "start_ns"], kind="stable")
@@ -253,19 +256,27 @@ def lane_breakdown(events: pd.DataFrame, *, pass_: str, t_begin_ns: float, t_end
     frame = pd.DataFrame({"cta": ev["cta"].to_numpy(), "role_id": ev["role_id"].to_numpy(),
                           "role": ev["role"].to_numpy(), "n_records": 1, "recorded": dur,
                           "lead": np.where(first, gap, 0.0), "between": np.where(first, 0.0, gap),
-                          "epilogue_ns": epilogue, "compute_ns": compute, "end": end})
+                          "epilogue_ns": epilogue, "compute_ns": compute, "start": start, "end": end})
     for c, col in zip(wait_cols, waits.T):
         frame[c] = col
     sums = {c: "sum" for c in ["n_records", "recorded", "lead", "between", "epilogue_ns", "compute_ns", *wait_cols]}
-    lanes = frame.groupby(["cta", "role_id", "role"], sort=True).agg({**sums, "end": "max"}).reset_index()
+    lanes = frame.groupby(["cta", "role_id", "role"], sort=True).agg({**sums, "start": "min", "end": "max"})
+    lanes = lanes.reset_index()
 
     if sampled and len(lanes):
         # The holes between records are unrecorded tiles: share them out like the recorded ones.
+        tensor = lanes["role"].isin(TENSOR_ROLES[pass_]).to_numpy()
         if cta_end is not None:
             done = lanes["cta"].map(cta_end).fillna(-math.inf).to_numpy(np.float64)
-            late = np.where(lanes["role"].isin(TENSOR_ROLES[pass_]), np.maximum(done - lanes["end"], 0.0), 0.0)
+            late = np.where(tensor, np.maximum(done - lanes["end"], 0.0), 0.0)
             lanes["between"] += late
             lanes["end"] += late
+        if cta_start is not None:
+            # Unrecorded first tiles: work, not a gap, from the CTA's first tile on.
+            begun = lanes["cta"].map(cta_start).fillna(math.inf).to_numpy(np.float64)
+            early = np.where(tensor, np.clip(lanes["start"] - begun, 0.0, lanes["lead"]), 0.0)
+            lanes["lead"] -= early
+            lanes["between"] += early
         scale = np.where(lanes["recorded"] > 0, (lanes["recorded"] + lanes["between"]) / lanes["recorded"], 1.0)
         for c in ["epilogue_ns", "compute_ns", *wait_cols]:
             lanes[c] = lanes[c] * scale
@@ -317,15 +328,16 @@ def _role_table(lanes: pd.DataFrame, kernel_ns: float, pass_: str) -> pd.DataFra
 # the tensor cores' idle time, per CTA
 # ---------------------------------------------------------------------------------------------
 
-def _out_of_loop(lanes: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, float]], t_begin: float, t_end: float,
-                 *, sampled: bool = False) -> dict[str, float]:
+def _out_of_loop(lanes: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, float, float]], t_begin: float,
+                 t_end: float, *, sampled: bool = False) -> dict[str, float]:
     """How long all the given lanes (each: sorted starts, marks and ends of its records, and the
-    end of its work) were out of their loops together, by what kept them out: an epilogue (any
-    lane in one), the tail (all done), or gaps (before the first record: ``lead``; between two:
-    ``between``). In a ``sampled`` trace a lane between two records works on an unrecorded tile:
-    it counts as in its loop."""
-    points = [np.array([t_begin, t_end])] + [np.concatenate([s, m, e, [done]]) for s, m, e, done in lanes]
-    cuts = np.unique(np.clip(np.concatenate(points), t_begin, t_end))
+    start and end of its work) were out of their loops together, by what kept them out: an
+    epilogue (any lane in one), the tail (all done), or gaps (before the first record: ``lead``;
+    between two: ``between``). In a ``sampled`` trace a lane between the start of its work and its
+    end, outside its records, works on an unrecorded tile: it counts as in its loop."""
+    points = [np.array([t_begin, t_end])] + [np.concatenate([s, m, e, [begun, done]])
+                                             for s, m, e, begun, done in lanes]
+    cuts = np.unique(np.clip(np.concatenate([p[np.isfinite(p)] for p in points]), t_begin, t_end))
     if len(cuts) < 2:
         return {"epilogue": 0.0, "tail": 0.0, "lead": 0.0, "between": 0.0}
     mid = (cuts[:-1] + cuts[1:]) / 2
@@ -334,7 +346,7 @@ def _out_of_loop(lanes: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, float
     any_epi = np.zeros(len(mid), dtype=bool)
     all_tail = np.ones(len(mid), dtype=bool)
     any_between = np.zeros(len(mid), dtype=bool)
-    for starts, marks, ends, done in lanes:
+    for starts, marks, ends, begun, done in lanes:
         if not len(starts):
             continue  # never worked: out, and in its tail, throughout
         i = np.searchsorted(starts, mid, side="right") - 1
@@ -342,7 +354,7 @@ def _out_of_loop(lanes: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, float
         inside = (i >= 0) & (mid < ends[j])
         loop = inside & (mid < marks[j])
         tail = mid >= done
-        between = ~inside & ~tail & (i >= 0)
+        between = ~inside & ~tail & ((i >= 0) | (mid >= begun))
         all_out &= ~(loop | between) if sampled else ~loop
         any_epi |= inside & ~loop
         all_tail &= tail
@@ -354,7 +366,8 @@ def _out_of_loop(lanes: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, float
 
 
 def _idle_table(events: pd.DataFrame, *, pass_: str, t_begin: float, t_end: float, ctas: Sequence[int],
-                sampled: bool, cta_end: Mapping[int, float] | None = None) -> pd.DataFrame:
+                sampled: bool, cta_end: Mapping[int, float] | None = None,
+                cta_start: Mapping[int, float] | None = None) -> pd.DataFrame:
     roles = TENSOR_ROLES[pass_]
     sites = [s for s in IDLE_SITES[pass_] if f"wait_{s}_ns" in events.columns]
     turns = ["mma_turn"] if pass_ == "fwd" and "wait_mma_turn_ns" in events.columns else []
@@ -368,10 +381,11 @@ def _idle_table(events: pd.DataFrame, *, pass_: str, t_begin: float, t_end: floa
             r = mine[mine["role"] == role]
             starts, ends = r["start_ns"].to_numpy(np.float64), r["end_ns"].to_numpy(np.float64)
             done = _last_end(ends, cta_end, cta, sampled)
-            lanes.append((starts, r["mark_ns"].to_numpy(np.float64), ends, done))
+            begun = _first_start(starts, cta_start, cta, sampled)
+            lanes.append((starts, r["mark_ns"].to_numpy(np.float64), ends, begun, done))
             if sampled and len(starts):
                 recorded = float((ends - starts).sum())
-                scales.append((done - starts[0]) / recorded if recorded > 0 else 1.0)
+                scales.append((done - begun) / recorded if recorded > 0 else 1.0)
         out = _out_of_loop(lanes, t_begin, t_end, sampled=sampled)
         # Both consumers wait for the same blocks: the mean of the two is the tensor cores' wait.
         row = {"cta": cta, **{s: float(mine[f"wait_{s}_ns"].sum()) / len(roles) for s in (*sites, *turns)},
@@ -382,9 +396,18 @@ def _idle_table(events: pd.DataFrame, *, pass_: str, t_begin: float, t_end: floa
             scale = float(np.mean(scales))
             for k in (*sites, *turns, "epilogue"):
                 row[k] *= scale
-            row["unrecorded"] = float(np.mean([d - s[0] - (e - s).sum() for s, _, e, d in lanes if len(s)]))
+            row["unrecorded"] = float(np.mean([d - b - (e - s).sum() for s, _, e, b, d in lanes if len(s)]))
         rows.append(row)
     return _finish_idle(pd.DataFrame(rows), sites, turns)
+
+
+def _first_start(starts: np.ndarray, cta_start: Mapping[int, float] | None, cta: int, sampled: bool) -> float:
+    """When a lane's work began: its first record's start, or in a sampled trace its CTA's first
+    tile's (tile records), when earlier: unrecorded tiles ran from then."""
+    first = float(starts.min()) if len(starts) else math.inf
+    if sampled and cta_start is not None and cta in cta_start:
+        first = min(first, float(cta_start[cta]))
+    return first
 
 
 def _last_end(ends: np.ndarray, cta_end: Mapping[int, float] | None, cta: int, sampled: bool) -> float:
@@ -478,11 +501,21 @@ def critical_path(events: pd.DataFrame, *, pass_: str = "fwd", makespan_ns: floa
         raise ValueError("no event records: a level-3 recording is needed (see critical_path_from_totals)")
     t_begin, t_end = _window([float(events["start_ns"].min())], [float(events["end_ns"].max())], makespan_ns)
     ctas = list(range(n_ctas)) if n_ctas else sorted(events["cta"].unique().tolist())
-    cta_end = tiles.groupby("cta")["end_ns"].max().to_dict() if tiles is not None and len(tiles) else None
+    have_tiles = tiles is not None and len(tiles)
+    cta_end = tiles.groupby("cta")["end_ns"].max().to_dict() if have_tiles else None
+    cta_start = tiles.groupby("cta")["start_ns"].min().to_dict() if have_tiles else None
     # Records missing for some tiles (sampling, a full buffer): the time between them is unrecorded work.
     sampled = sample > 1 or events_dropped > 0
+    if sampled and have_tiles:
+        unseen = sorted(set(cta_end) - set(events["cta"].unique().tolist()))
+        if unseen:
+            # Their work has no record to stand for it: counted idle, they would make a wrong answer.
+            raise BadInputError(f"{len(unseen)} CTA(s) ran tiles of which none has an event record (every "
+                                f"{sample}th tile recorded{', some dropped' if events_dropped else ''}): the "
+                                "breakdown would count their work as idle time",
+                                hint="record with a smaller --sample (1 records every tile)")
     lanes = lane_breakdown(events, pass_=pass_, t_begin_ns=t_begin, t_end_ns=t_end, ctas=ctas, sampled=sampled,
-                           cta_end=cta_end)
+                           cta_end=cta_end, cta_start=cta_start)
     kernel = t_end - t_begin
     notes = []
     if sample > 1:
@@ -496,7 +529,7 @@ def critical_path(events: pd.DataFrame, *, pass_: str = "fwd", makespan_ns: floa
     return CriticalPath(pass_=pass_, level=3, kernel_ns=kernel, t_begin_ns=t_begin, n_ctas=len(ctas), lanes=lanes,
                         roles=_role_table(lanes, kernel, pass_),
                         idle=_idle_table(events, pass_=pass_, t_begin=t_begin, t_end=t_end, ctas=ctas,
-                                         sampled=sampled, cta_end=cta_end),
+                                         sampled=sampled, cta_end=cta_end, cta_start=cta_start),
                         tiles=_tile_table(events, pass_=pass_), sample=sample, notes=tuple(notes))
 
 

@@ -121,7 +121,9 @@ BWD_ROLES = ("producer", "compute")
 # with the waits so that the same records carry it.
 BWD_SITES = ("dq_stage", "kv_full", "step_full", "ds_pair", "kv_empty", "step_empty", "dq_full", "box", "dq_reduce")
 
-# The sites each role waits at: the others stay zero in its records.
+# The sites each role waits at: the others stay zero in its records. The forward's v_full counts only
+# each tile's last V wait: timing the one in every KV block cost more than all the records
+# (benchmarks/results/instrumentation/roles_cost_*).
 ROLE_SITES = {
     "fwd": {"producer": ("q_empty", "k_empty", "v_empty", "queue"),
             "consumer0": ("q_full", "k_full", "v_full", "mma_turn", "queue"),

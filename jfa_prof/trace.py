@@ -426,6 +426,12 @@ def trace_from_buffer(buffer: np.ndarray, meta: Mapping[str, Any], *, path: Path
         raise BadInputError(f"{where} is corrupt: negative dropped-record count {dropped}")
     if int(parts["header"][Header.EVENTS_DROPPED]) < 0 or int(parts["header"][Header.SAMPLE]) < 0:
         raise BadInputError(f"{where} is corrupt: negative event header words")
+    sample = int(parts["header"][Header.SAMPLE]) or 1
+    expected = Layout.event_capacity_for(layout.tile_capacity, layout.n_roles, sample)
+    if layout.event_capacity and layout.event_capacity != expected:
+        # The slot of a record follows from the sample: another sample would join records to the wrong tiles.
+        raise BadInputError(f"{where} is corrupt: {layout.event_capacity} event slots, but {layout.tile_capacity} "
+                            f"tile slots recorded every {sample}th tile need {expected}")
     _check_records(parts, meta, layout, dropped, where)
 
     roles = tuple(meta["layout"]["roles"])
@@ -524,6 +530,9 @@ def _check_records(parts: dict[str, np.ndarray], meta: Mapping[str, Any], layout
     events = ev_rows[flags("event records", ev_rows[:, Event.VALID])]
     in_range("event SM id", events[:, Event.SMID], sm_count, f"the {gpu.get('name') or 'GPU'} has")
     in_range("event CTA", events[:, Event.CTA], layout.n_ctas, "the launch had")
+    sample = int(parts["header"][Header.SAMPLE]) or 1
+    ev_pos = (np.flatnonzero(ev_rows[:, Event.VALID] == 1) // max(layout.n_roles, 1)) * sample
+    in_range("event tile position", ev_pos, n_work, "the launch had tiles")
     in_range("event wait cycles", events[:, EVENT_FIXED_WORDS:].ravel(), None, "")
     n_sites = layout.n_sites
     if len(events) and ((events[:, Event.T_MARK] < events[:, Event.T_START])

@@ -141,7 +141,7 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         queue = work.queue if fresh else torch.zeros(1, dtype=torch.int32, device=q.device)
     level = _profile_level(profile)
     layout, rec = _record_buffer(level, n_slots if record_capacity is None else record_capacity, grid,
-                                 records.FWD_ROLES, records.FWD_SITES, sample, q.device)
+                                 records.FWD_ROLES, records.FWD_SITES, sample, schedule == "dynamic", q.device)
     q_off = kv_offsets if q_offsets is None else q_offsets
     if host_descriptors:
         tma_args = (_descriptor(q, fwd.BLOCK_M // 2, D), _descriptor(k, block_n, D), _descriptor(v, block_n, D),
@@ -255,13 +255,20 @@ def _profile_level(profile) -> int:
     return 2 if profile is True else int(profile)
 
 
-def _record_buffer(level, tile_capacity, n_ctas, roles, sites, sample, device):
+def _record_buffer(level, tile_capacity, n_ctas, roles, sites, sample, dynamic, device):
     """(Layout, zeroed record buffer) for an instrumented launch; (None, a placeholder) at level 0.
-    Below level 3 the event section is empty; at 3 it has a slot per role of every sample-th tile."""
+    Below level 3 the event section is empty; at 3 it has a slot per role of every sample-th tile
+    (by list position)."""
     if not level:
         return None, _unused_records(device)
     if level >= 3 and (not isinstance(sample, int) or sample < 1):
         raise ValueError(f"sample must be a positive integer (record every Nth tile), got {sample!r}")
+    if level >= 3 and not dynamic and math.gcd(sample, n_ctas) != 1:
+        # Dealt round-robin, CTA c takes list positions c, c + n_ctas, ...: with a sample sharing a
+        # factor with n_ctas, most CTAs would never reach a recorded position.
+        ok = next(n for n in range(sample, sample + n_ctas + 1) if math.gcd(n, n_ctas) == 1)
+        raise ValueError(f"sample {sample} shares a factor with the launch's {n_ctas} CTAs: under a static "
+                         f"schedule whole CTAs would have no record; use one coprime to {n_ctas}, e.g. {ok}")
     events = records.Layout.event_capacity_for(tile_capacity, len(roles), sample) if level >= 3 else 0
     layout = records.Layout(tile_capacity=tile_capacity, n_ctas=n_ctas, n_roles=len(roles), n_sites=len(sites),
                             event_capacity=events)
@@ -449,7 +456,7 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     if queue is None:
         queue = tile_cum  # a placeholder the static kernel never touches
     layout, rec = _record_buffer(int(profile), max_tiles if record_capacity is None else record_capacity, grid,
-                                 records.BWD_ROLES, records.BWD_SITES, sample, dev)
+                                 records.BWD_ROLES, records.BWD_SITES, sample, schedule == "dynamic", dev)
     q_off = kv_offsets if q_offsets is None or broadcast_q else q_offsets
     win = window if window is not None else 0
     if max_tiles > 0:

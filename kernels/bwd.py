@@ -859,7 +859,7 @@ def bwd_variants() -> list[KernelVariant]:
     """Per mask mode, dtype and head dim: the main kernel with the op's dQ reduction (TMA, 2
     stages) and the deterministic pair (main kernel without dQ, dQ kernel); the delta kernel per dtype and head dim (no mask, so one serves every mode).
     For broadcast-Q bf16 D=128, the HSP case: every other dQ reduction, the dynamic queue, and
-    both PROFILE levels."""
+    every PROFILE level."""
     out = []
     for dtype in ("bf16", "fp16"):
         for head_dim in (64, 128):

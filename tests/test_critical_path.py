@@ -15,15 +15,10 @@ import pytest
 
 import tracegen
 from jfa_prof.analyses.critical_path import critical_path, critical_path_of
-from jfa_prof.records import BWD_ROLES, FWD_ROLES, FWD_SITES
-from jfa_prof.trace import read_trace, trace_from_buffer
+from jfa_prof.records import BWD_ROLES, BWD_SITES, FWD_ROLES, FWD_SITES
+from jfa_prof.trace import EVENT_COLUMNS, read_trace, trace_from_buffer
 
-# The backward's sites as the level-3 kernel names them; "dq_reduce" times the producer's reduce-adds.
-BWD_SITES = ("dq_stage", "kv_full", "step_full", "ds_pair", "kv_empty", "step_empty", "dq_full", "box", "dq_reduce")
 CYCLES_PER_NS = 2
-EVENT_COLUMNS = ("slot", "pos", "cta", "smid", "role_id", "role", "t_start", "t_mark", "t_end", "c_start", "c_end",
-                 "start_ns", "mark_ns", "end_ns", "dur_ns", "dur_cycles", "tile", "batch", "head", "block", "kv_len",
-                 "n_blocks")
 DATA = Path(__file__).parent / "data" / "traces"
 
 
@@ -234,7 +229,8 @@ def test_level1_has_only_the_idle_ctas():
     tr = read_trace(DATA / "small_hsp_lq128_kv1024_s0.5_lpt_tiles.jfatrace")
     cp = critical_path_of(tr)
     assert cp.level == 1 and np.allclose(cp.lanes["total_ns"], cp.kernel_ns)
-    assert cp.idle["k_full"].sum() == 0 if "k_full" in cp.idle.columns else True
+    # No waits below level 2: the idle table has only what spans and tiles give.
+    assert "k_full" not in cp.idle.columns or cp.idle["k_full"].sum() == 0
     assert cp.idle_shares()["tail"] > 0.01
 
 
@@ -245,3 +241,60 @@ def test_recorded_backward_trace():
     assert np.allclose(cp.lanes["total_ns"], cp.kernel_ns)
     assert 0 < cp.idle_shares()["dq_stage"] < 0.2
     assert cp.kernel_ns >= tr.makespan_ns
+
+
+# ---- sampling, on the committed H200 recordings --------------------------------------------------
+
+def _subsampled(path, sample):
+    from jfa_prof.trace import read_trace
+
+    tr = read_trace(path)
+    ev = tr.events[tr.events["pos"] % sample == 0]  # what a launch with SAMPLE = sample records
+    return tr, critical_path(ev, pass_=tr.pass_, makespan_ns=tr.makespan_ns, n_ctas=tr.n_ctas, sample=sample,
+                             tiles=tr.tiles)
+
+
+@pytest.mark.parametrize("name,sample", [("h200_fwd_hsp_lq256_kv2048_s0.5_op_level3.jfatrace", 4),
+                                         ("h200_bwd_hsp_lq256_kv2048_s0.5_op_level3.jfatrace", 5)])
+def test_a_sampled_recording_gives_the_shares_of_the_full_one(name, sample):
+    from jfa_prof.trace import bundled_dir, read_trace
+
+    path = bundled_dir() / "roles" / name
+    tr = read_trace(path)
+    full = critical_path_of(tr)
+    _, part = _subsampled(path, sample)
+    assert part.sample == sample and full.sample == 1
+    # The unrecorded tiles are work, not gaps: before the first recorded one too. (The gaps between
+    # tiles, where a role waits outside any window, go with the unrecorded tiles: within 1.5%.)
+    full_idle, part_idle = full.idle_shares(), part.idle_shares()
+    for k, tol in (("epilogue", 0.005), ("tail", 0.005), ("gaps", 0.015)):
+        assert part_idle[k] == pytest.approx(full_idle[k], abs=tol), k
+    assert part.idle_share == pytest.approx(full.idle_share, abs=0.015)
+    # The tensor roles' parts, what the diagnosis ranks.
+    tensor = ("consumer0", "consumer1", "compute")
+    shares = lambda cp: cp.roles[cp.roles["role"].isin(tensor)].set_index(["role", "part"])["share"]  # noqa: E731
+    both = pd.concat([shares(full), shares(part)], axis=1, keys=["full", "part"]).dropna()
+    assert len(both) >= 6 and (both["full"] - both["part"]).abs().max() < 0.015, both
+
+
+def test_a_sample_that_leaves_ctas_without_records_is_refused():
+    from jfa_prof.errors import BadInputError
+    from jfa_prof.trace import bundled_dir
+
+    # Static backward, 132 CTAs dealt positions c, c + 132, ...: every 4th position misses 3 CTAs in 4.
+    with pytest.raises(BadInputError, match="CTA\\(s\\) ran tiles of which none has an event record"):
+        _subsampled(bundled_dir() / "roles" / "h200_bwd_hsp_lq256_kv2048_s0.5_op_level3.jfatrace", 4)
+
+
+def test_the_launch_refuses_a_sample_that_would_skip_ctas():
+    torch = pytest.importorskip("torch")
+    from jfa_prof.kernels.attention import _record_buffer
+    from jfa_prof.records import FWD_ROLES, FWD_SITES
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="coprime to 132, e.g. 5"):
+        _record_buffer(3, 1000, 132, FWD_ROLES, FWD_SITES, 4, False, cpu)
+    layout, rec = _record_buffer(3, 1000, 132, FWD_ROLES, FWD_SITES, 5, False, cpu)
+    assert layout.event_capacity == 200 * 3 and int(rec[2]) == 5
+    layout, _ = _record_buffer(3, 1000, 132, FWD_ROLES, FWD_SITES, 4, True, cpu)  # dynamic: positions spread
+    assert layout.event_capacity == 250 * 3

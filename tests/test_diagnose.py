@@ -35,7 +35,11 @@ def bwd(rows, **kw) -> Diagnosis:
 
 
 def time_shares(diag: Diagnosis) -> float:
-    return sum(c.share for c in diag.causes if c.share is not None)
+    """The shares' sum, which is 1 when the losses fit in the whole: ``compute`` is the remainder,
+    so a loss counted twice or on another basis shows as a negative compute."""
+    shares = {c.name: c.share for c in diag.causes if c.share is not None}
+    assert all(v >= 0 for v in shares.values()), shares
+    return sum(shares.values())
 
 
 # ---- planted bottlenecks ----------------------------------------------------------------------

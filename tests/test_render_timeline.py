@@ -307,8 +307,10 @@ def test_level3_backward_flows_end_where_compute_starts():
     doc = chrome_trace(pd.DataFrame(columns=TILE_COLUMNS), events=ev, sites=BWD_SITES, pass_="bwd", roles=BWD_ROLES)
     ends = sorted(e["ts"] for e in _events(doc, "f"))
     assert ends == pytest.approx([0.15, 2.15, 4.15])
-    assert sorted(e["ts"] for e in _events(doc, "s")) == pytest.approx([0.2, 2.2, 4.2])
-    assert {e["name"] for e in _events(doc, "s")} == {"K/V load issued"}
+    # From the producer's window start (it posts the tile first thing), not its mark (the K/V load,
+    # here after the compute role had the tile): no arrow points back in time.
+    assert sorted(e["ts"] for e in _events(doc, "s")) == pytest.approx([0.0, 2.0, 4.0])
+    assert {e["name"] for e in _events(doc, "s")} == {"tile handed over"}
     (epi, *_) = sorted(_events(doc, "X", cat="epilogue"), key=lambda e: e["ts"])
     assert (epi["tid"], epi["ts"], epi["dur"]) == (1, 1.5, pytest.approx(0.3))
     kids = sorted((e for e in _events(doc, "X", cat="wait") if e["tid"] == 1), key=lambda e: e["ts"])[:3]
@@ -423,3 +425,20 @@ def test_timeline_command_reports_events(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "warning" not in result.stderr
     assert "12 role records of 4 tiles, 8 flow arrows, on 2 SMs" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["h200_fwd_hsp_lq256_kv2048_s0.5_op_level3.jfatrace",
+                                  "h200_bwd_hsp_lq256_kv2048_s0.5_op_level3.jfatrace"])
+def test_no_flow_of_a_recording_points_back_in_time(name, tmp_path):
+    from jfa_prof.trace import bundled_dir, read_trace
+
+    tr = read_trace(bundled_dir() / "roles" / name)
+    doc = chrome_trace(tr.tiles, tr.spans, tr.waits, events=tr.events, sites=tr.sites, pass_=tr.pass_,
+                       roles=tr.roles, meta=tr.meta)
+    out = write_chrome_trace(doc, tmp_path / "t.json")
+    events = json.loads(out.read_text())["traceEvents"]
+    begin = {e["id"]: e["ts"] for e in events if e.get("ph") == "s"}
+    finish = {e["id"]: e["ts"] for e in events if e.get("ph") == "f"}
+    receivers = 2 if tr.pass_ == "fwd" else 1
+    assert len(begin) == len(finish) == receivers * len(tr.tiles)
+    assert all(finish[i] >= begin[i] for i in begin)

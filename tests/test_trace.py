@@ -480,3 +480,20 @@ def test_event_records_whose_waits_run_backwards_are_refused():
     parts["events"][0, -1] = 0  # a cumulative wait at the window's end below its start
     with pytest.raises(BadInputError, match="waits run backwards"):
         trace_from_buffer(buf, meta)
+
+
+def test_an_event_section_that_does_not_match_the_sample_is_refused():
+    buf, meta = _event_trace(sample=2)
+    layout = trace_mod.layout_from_meta(meta)
+    layout.split(buf)["header"][Header.SAMPLE] = 3  # 6 tiles every 3rd: 2 slots per role, not 3
+    with pytest.raises(BadInputError, match="event slots"):
+        trace_from_buffer(buf, meta)
+
+
+def test_an_event_record_past_the_launchs_tiles_is_refused():
+    from jfa_prof.records import Tile
+
+    buf, meta = _event_trace()
+    trace_mod.layout_from_meta(meta).split(buf)["tiles"][:, Tile.VALID] = 0  # a launch of 4 tiles...
+    with pytest.raises(BadInputError, match="event tile position 5"):  # ...with records of tiles 4 and 5
+        trace_from_buffer(buf, {**meta, "n_work": 4})

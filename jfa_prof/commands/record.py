@@ -54,10 +54,13 @@ def record(
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
     console = Console(stderr=True, highlight=False)
     with console.status(f"recording the {pass_} of {workload.label} ({schedule}) on the GPU…"):
-        if pass_ == "fwd":
-            tr = record_workload(workload, schedule, peel=not no_peel, level=level, sample=sample)
-        else:
-            tr = record_bwd_workload(workload, schedule, dq=dq, level=level, sample=sample)
+        try:
+            if pass_ == "fwd":
+                tr = record_workload(workload, schedule, peel=not no_peel, level=level, sample=sample)
+            else:
+                tr = record_bwd_workload(workload, schedule, dq=dq, level=level, sample=sample)
+        except ValueError as e:  # a --sample the launch cannot record faithfully
+            raise BadInputError(f"--sample {sample}: {e}") from None
     path = write_trace(out, tr.buffer, tr.meta)
     summary = {"path": str(path), "workload": workload.label, "schedule": schedule, "tiles": len(tr.tiles),
                "dropped": tr.dropped, "kernel_ms": tr.meta["kernel_ms"],

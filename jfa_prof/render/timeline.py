@@ -152,7 +152,7 @@ def event_counts(doc: Mapping[str, Any]) -> dict[str, int]:
 # no such site: its compute role's window starts with the tile taken.
 _MAILBOX_SITE = "queue"
 _SENDER = "producer"
-_FLOW_NAMES = {"fwd": "tile posted", "bwd": "K/V load issued"}
+_FLOW_NAMES = {"fwd": "tile posted", "bwd": "tile handed over"}
 WAIT_PLACEMENT = ("An event record holds, per site, the cycles its role waited there summed over the tile, not "
                   "when each wait happened. The 'wait <site>' slices lay these sums back to back from the tile's "
                   f"start ({_MAILBOX_SITE!r} first, then the recording's site order), cut where they would run "
@@ -300,16 +300,22 @@ def _wait_slices(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, sites: Sequ
 
 
 def _flows(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, pass_: str) -> list[str]:
-    """Flow arrows ("s" then "f" events, one id per pair) from the producer's mark on a tile to
-    the moment each receiving role of its CTA has it: the end of its mailbox wait (forward), the
-    start of its window (backward)."""
+    """Flow arrows ("s" then "f" events, one id per pair) from the producer's hand-off of a tile
+    to the moment each receiving role of its CTA has it. Forward: from the producer's mark (the
+    tile posted to both mailboxes) to the end of the consumer's mailbox wait. Backward: the producer
+    posts a tile as its window opens (its mark, the K/V load, comes later and may follow the
+    compute role's start), so from the producer's start to the compute role's."""
     arrive = ev["start_ns"].to_numpy(np.int64)
     if f"wait_{_MAILBOX_SITE}_ns" in ev.columns:
         arrive = arrive + np.rint(ev[f"wait_{_MAILBOX_SITE}_ns"].to_numpy(np.float64)).astype(np.int64)
+    posted = ev["mark_ns" if pass_ == "fwd" else "start_ns"].to_numpy(np.int64)
     ends = pd.DataFrame({"cta": ev["cta"].to_numpy(), "pos": ev["pos"].to_numpy(), "pid": pid, "tid": tid,
-                         "mark": ev["mark_ns"].to_numpy(np.int64), "arrive": arrive})
+                         "mark": posted, "arrive": arrive})
     sender = (ev["role"] == _SENDER).to_numpy()
     pairs = ends[sender].merge(ends[~sender], on=["cta", "pos"], suffixes=("_s", "_f"))
+    # Forward: the mark follows the second post, so consumer 0 may have its tile already: an arrow
+    # never points back in time.
+    pairs["mark_s"] = np.minimum(pairs["mark_s"], pairs["arrive_f"])
     ids = np.arange(1, len(pairs) + 1)
     name = _key(_FLOW_NAMES.get(pass_, "tile handed over"))
     begin = '{"ph":"s","cat":"flow","name":' + name + ',"id":%d,"pid":%d,"tid":%d,"ts":%.3f}'
