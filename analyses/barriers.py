@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from jfa_prof.analyses.jsonable import plain, records
+
 __all__ = ["BarrierAttribution", "barrier_attribution"]
 
 TABLE_COLUMNS = ("site", "role", "cycles", "count", "mean_wait_cycles", "share", "share_of_role",
@@ -47,20 +49,13 @@ class BarrierAttribution:
         return self.wait_cycles / self.total_cycles if self.total_cycles > 0 else math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        def plain(v: Any) -> Any:
-            if isinstance(v, np.integer):
-                return int(v)
-            if isinstance(v, (float, np.floating)):
-                return None if math.isnan(v) else float(v)
-            return v
-
         return {
             "share_basis": self.basis,
             "total_cycles": plain(self.total_cycles),
             "wait_cycles": plain(self.wait_cycles),
             "wait_fraction": plain(self.wait_fraction),
             "role_cycles": {k: plain(v) for k, v in self.role_cycles.items()},
-            "sites": [{k: plain(v) for k, v in r.items()} for r in self.table.to_dict("records")],
+            "sites": records(self.table),
         }
 
 
