@@ -263,8 +263,8 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
         prev = (cnt - 1) % NUM_STAGES
         prev_phase = ((cnt - 1) // NUM_STAGES) & 1
         # Untimed at every level (only the tile's last V wait is): timed, a clock read on each side of
-        # it once per block cost level 3 as much as all its records (+12% at hsp Lq=128 max=1024 s=0.1,
-        # sampled or not: benchmarks/results/instrumentation/roles_cost_*_2026-12-02b.json).
+        # it once per block cost level 3 up to 3 points (hsp Lq=256 max=1024 s=0.5: +9.2% with it, +5.8%
+        # without: benchmarks/results/instrumentation/roles_cost_h200_2026-12-02{,b}.json).
         tlx.barrier_wait(v_fulls[prev], prev_phase)
         acc = tlx.async_dot(p, v_tiles[prev], acc)
         qk = tlx.async_dot_wait(1, qk)
