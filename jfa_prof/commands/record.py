@@ -26,8 +26,11 @@ def record(
     level: int = typer.Option(2, "--level", min=1, max=3,
                               help="1: tile records and warp-role spans; 2: also barrier waits (costs more); 3: also "
                                    "every warp role's window and waits on each tile (timeline per role, diagnose)."),
-    sample: int = typer.Option(1, "--sample", min=1, help="Level 3: event records for every Nth tile only "
-                                                          "(cheaper on long runs)."),
+    sample: int = typer.Option(1, "--sample", min=1, help="Level 3: event records for every Nth tile of the work "
+                                                          "list only (fewer records to read on long runs; the kernel "
+                                                          "costs about the same). Under a static schedule N must "
+                                                          "share no factor with the CTA count, or whole CTAs would "
+                                                          "go unrecorded."),
     json: bool = typer.Option(False, "--json", help="Print a JSON summary instead of text."),
 ) -> None:
     """One instrumented launch on the GPU, written as a self-describing trace file.
