@@ -381,6 +381,13 @@ def _share(diag, cause: str) -> float:
         return 0.0
 
 
+def _shares_against_op(key: tuple[str, str], cause: str) -> tuple[float, float]:
+    """The cause's share in the op's build and in the recorded build ``key`` of the same pass."""
+    builds = _recorded_builds()
+    return (_share(diagnose(read_trace(builds[(key[0], "op")])), cause),
+            _share(diagnose(read_trace(builds[key])), cause))
+
+
 # Each ablation removes the work behind one cause: its share must fall against the op's build.
 ABLATED_BUILDS = {("fwd", "ablate-no_o_store"): "epilogue", ("fwd", "ablate-reuse_kv"): "kv_late",
                   ("bwd", "ablate-no_dq"): "dq_reduce"}
@@ -388,10 +395,7 @@ ABLATED_BUILDS = {("fwd", "ablate-no_o_store"): "epilogue", ("fwd", "ablate-reus
 
 @pytest.mark.parametrize("key", sorted(ABLATED_BUILDS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_an_ablation_lowers_the_share_of_its_cause(key):
-    builds = _recorded_builds()
-    cause = ABLATED_BUILDS[key]
-    op = _share(diagnose(read_trace(builds[(key[0], "op")])), cause)
-    ablated = _share(diagnose(read_trace(builds[key])), cause)
+    op, ablated = _shares_against_op(key, ABLATED_BUILDS[key])
     assert ablated < op, (key, ablated, op)
     if key == ("bwd", "ablate-no_dq"):
         assert ablated < 0.005  # no dQ at all: nothing waits for a reduction
@@ -399,8 +403,5 @@ def test_an_ablation_lowers_the_share_of_its_cause(key):
 
 @pytest.mark.parametrize("key", sorted(PLANTED_BUILDS), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_a_plant_raises_the_share_of_its_cause(key):
-    builds = _recorded_builds()
-    cause = PLANTED_BUILDS[key]
-    op = _share(diagnose(read_trace(builds[(key[0], "op")])), cause)
-    planted = _share(diagnose(read_trace(builds[key])), cause)
+    op, planted = _shares_against_op(key, PLANTED_BUILDS[key])
     assert planted > 1.5 * op, (key, planted, op)

@@ -155,17 +155,18 @@ FWD_PLAN = {
 }
 
 
-def fwd_events(n_tiles=4, n_ctas=2, *, sm_of_cta=(3, 7), with_tile=None) -> pd.DataFrame:
-    """Tiles dealt round-robin to CTAs, each CTA taking one every 1000 ns, with FWD_PLAN's times."""
+def fwd_events(n_tiles=4, n_ctas=2, *, sm_of_cta=(3, 7), with_tile=None, waits=None) -> pd.DataFrame:
+    """Tiles dealt round-robin to CTAs, each CTA taking one every 1000 ns, with FWD_PLAN's times and
+    waits, or ``waits(role)``'s (per site, an array over the tiles)."""
     pos = np.arange(n_tiles)
     cta = pos % n_ctas
     turn = (pos // n_ctas) * 1000
     parts = []
     for rid, role in enumerate(FWD_ROLES):
-        a, m, e, waits = FWD_PLAN[role]
+        a, m, e, planned = FWD_PLAN[role]
+        waited = waits(role) if waits else {s: np.full(n_tiles, w) for s, w in planned.items()}
         parts.append(role_events(pos, cta, np.asarray(sm_of_cta)[cta], np.full(n_tiles, rid), turn + a, turn + m,
-                                 turn + e, {s: np.full(n_tiles, w) for s, w in waits.items()},
-                                 with_tile=with_tile))
+                                 turn + e, waited, with_tile=with_tile))
     return pd.concat(parts).sort_values(["cta", "role_id", "start_ns"]).reset_index(drop=True)
 
 
@@ -349,15 +350,8 @@ def test_level3_of_100k_tiles_is_built_and_written_in_seconds(tmp_path):
     """132 SMs, 100k tiles x 3 roles; each role waits at each of its sites in about half the tiles."""
     n, n_ctas = 100_000, 132
     rng = np.random.default_rng(0)
-    pos = np.arange(n)
-    cta = pos % n_ctas
-    turn = (pos // n_ctas) * 1000
-    parts = []
-    for rid, role in enumerate(FWD_ROLES):
-        a, m, e, _ = FWD_PLAN[role]
-        waits = {s: rng.integers(1, 12, n) * (rng.random(n) < 0.5) for s in ROLE_SITES["fwd"][role]}
-        parts.append(role_events(pos, cta, cta, np.full(n, rid), turn + a, turn + m, turn + e, waits))
-    ev = pd.concat(parts).sort_values(["cta", "role_id", "start_ns"]).reset_index(drop=True)
+    ev = fwd_events(n, n_ctas, sm_of_cta=np.arange(n_ctas), waits=lambda role: {
+        s: rng.integers(1, 12, n) * (rng.random(n) < 0.5) for s in ROLE_SITES["fwd"][role]})
     tiles, spans, waits = level1_frames(ev)
     t = time.perf_counter()
     doc = chrome_trace(tiles, spans, waits, events=ev, sites=FWD_SITES, pass_="fwd", roles=FWD_ROLES)
