@@ -80,16 +80,20 @@ def min_hbm_bytes(pass_: str, *, H: int, H_kv: int, D: int, total_q: int, total_
     return float(2 * q + 4 * kv + 2 * o + lse)  # in: Q, K, V, O, dO, lse; out: dQ, dK, dV
 
 
-def roofline(pass_: str, flops: float, spec: GpuSpec, *, dtype: str = "bf16", **shape: Any) -> Roofline:
-    """The two floors of one point on ``spec``; ``shape`` as for :func:`min_hbm_bytes`."""
+def roofline(pass_: str, flops: float, spec: GpuSpec, *, dtype: str = "bf16", peak_flops: float | None = None,
+             **shape: Any) -> Roofline:
+    """The two floors of one point on ``spec``; ``shape`` as for :func:`min_hbm_bytes`.
+    ``peak_flops`` replaces the datasheet's tensor-core peak (a measured matrix product's rate)."""
     nbytes = min_hbm_bytes(pass_, dtype=dtype, **shape)
-    return Roofline(flops=float(flops), min_bytes=nbytes, compute_ms=flops / spec.peak_flops(dtype) * 1e3,
+    peak = peak_flops or spec.peak_flops(dtype)
+    return Roofline(flops=float(flops), min_bytes=nbytes, compute_ms=flops / peak * 1e3,
                     memory_ms=nbytes / spec.hbm_bytes_per_s * 1e3)
 
 
-def roofline_of_record(record: Mapping[str, Any], spec: GpuSpec) -> Roofline | None:
+def roofline_of_record(record: Mapping[str, Any], spec: GpuSpec, *, peak_flops: float | None = None
+                       ) -> Roofline | None:
     """The roofline of a bench record (``jfa_prof.bench``'s format: ``pass``, ``flops`` and the
-    workload's shape); None when the record lacks what it needs."""
+    workload's shape); None when the record lacks what it needs. ``peak_flops`` as for :func:`roofline`."""
     w = record.get("workload") or {}
     need = ("H", "H_kv", "D", "total_q", "total_kv", "broadcast_q")
     if not record.get("flops") or any(w.get(k) is None for k in need):
@@ -97,4 +101,4 @@ def roofline_of_record(record: Mapping[str, Any], spec: GpuSpec) -> Roofline | N
     if w["broadcast_q"] and w.get("Lq") is None:
         return None
     return roofline(record.get("pass", "fwd"), float(record["flops"]), spec, dtype=w.get("dtype", "bf16"),
-                    **{k: w[k] for k in need}, Lq=w.get("Lq"))
+                    peak_flops=peak_flops, **{k: w[k] for k in need}, Lq=w.get("Lq"))

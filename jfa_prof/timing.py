@@ -8,6 +8,9 @@
 - :func:`host_breakdown`: host wall time per call, with and without waiting for the GPU, for
   short kernels where launching (building a work list, descriptors) can cost more than the
   kernel itself and ``bench`` would time the host.
+- :func:`stream_read_tb_s` and :func:`matmul_tflops`: the HBM bandwidth a streaming read and the
+  tensor-core rate a large matrix product reach on this GPU now, the ceilings a run's points are
+  held to (datasheet figures are not reached).
 - :func:`require_gpu` and :func:`measurement_meta`: the device check every live measurement
   starts with, and the machine / versions / date / command a result file records.
 
@@ -22,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 __all__ = ["DEFAULT_REP_MS", "DEFAULT_WARMUP_MS", "Timing", "bench", "cuda_graphed", "gpu_ms", "host_breakdown",
-           "host_us_per_call", "kernel_median_ms", "measurement_meta", "require_gpu", "time_twice"]
+           "host_us_per_call", "kernel_median_ms", "matmul_tflops", "measurement_meta", "require_gpu",
+           "stream_read_tb_s", "time_twice"]
 
 # do_bench's budgets are milliseconds of GPU time, not iteration counts: a 0.1 ms kernel gets
 # ~1000 repeats in 100 ms, a 5 ms one ~20, and both medians settle.
@@ -143,6 +147,40 @@ def host_us_per_call(fn: Callable[[], Any], *, n: int = HOST_CALLS, rounds: int 
         per_call.append((time.perf_counter() - t0) / n * 1e6)
     torch.cuda.synchronize()
     return statistics.median(per_call)
+
+
+STREAM_READ_BYTES = 8 << 30
+STREAM_READ_METHOD = "torch.sum over a bf16 tensor (8 GiB, or a quarter of the free memory if less), do_bench median"
+
+
+def stream_read_tb_s(*, nbytes: int = STREAM_READ_BYTES, timer: Callable[..., float] | None = None) -> float:
+    """Decimal TB/s of a streaming read on the current GPU: ``torch.sum`` over ``nbytes`` of bf16
+    (capped at a quarter of the free memory), far larger than the L2, timed by :func:`bench`."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    n = min(nbytes, free // 4) // 2
+    x = torch.empty(n, dtype=torch.bfloat16, device="cuda")  # the values do not matter to a read
+    try:
+        ms = (timer or bench)(lambda: x.sum())
+    finally:
+        del x
+        torch.cuda.empty_cache()
+    return 2 * n / ms / 1e9
+
+
+MATMUL_N = 8192
+MATMUL_METHOD = f"a bf16 {MATMUL_N}^3 matrix product (torch.matmul of random inputs), do_bench median"
+
+
+def matmul_tflops(*, n: int = MATMUL_N, timer: Callable[..., float] | None = None) -> float:
+    """Dense bf16 TFLOPS of an n x n x n matrix product on the current GPU now: the tensor cores'
+    rate a kernel can reach, below the datasheet's peak at its boost clock."""
+    import torch
+
+    a, b = (torch.randn(n, n, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    ms = (timer or bench)(lambda: a @ b)
+    return 2 * n ** 3 / ms / 1e9
 
 
 def cuda_graphed(fn: Callable[[], Any], *, warmup: int = 3) -> Callable[[], Any]:

@@ -82,7 +82,10 @@ def test_bench_frame_and_tables_show_the_share_of_the_roof(tmp_path):
     out = io.StringIO()
     roofline_table(res.frame(), Console(file=out, width=80), title="t")
     row = next(line.split() for line in out.getvalue().splitlines() if line.split()[:1] == ["p"])
-    assert row == ["p", "compute", f"{floor:.3f}", f"{floor / 10.0:.0%}", f"{floor / 8.0:.0%}"]
+    nbytes = min_hbm_bytes("fwd", **SHAPE)
+    assert frame.loc["fa4", "hbm_tb_s"] == pytest.approx(nbytes / 8.0 / 1e9)
+    assert row == ["p", "compute", f"{floor:.3f}", f"{floor / 10.0:.0%}", f"{floor / 8.0:.0%}",
+                   f"{nbytes / 10.0 / 1e9:.2f}", f"{nbytes / 8.0 / 1e9:.2f}"]
     assert "roof: the point's floor" in out.getvalue()
 
 

@@ -61,8 +61,32 @@ def test_bench_recorded_tables():
     assert "jfa-lpt" in out and "÷fa4" in out
     *_, summary, roof = [line.split() for line in out.splitlines() if line.strip().startswith(POINT)]
     assert summary[-6:] == ["88", "279", "0.32", "fa4", "279", "0.32"]
-    # The roofline: this point's unavoidable bytes take 0.147 ms at the H200's 4.8 TB/s.
-    assert roof[-4:] == ["memory", "0.147", "12%", "37%"]
+    # The roofline: this point's unavoidable bytes take 0.147 ms at the H200's 4.8 TB/s; at a
+    # memory-bound point each call's TB/s is its roof share of that bandwidth.
+    assert roof[-6:] == ["memory", "0.147", "12%", "37%", "0.56", "1.78"]
+    assert float(roof[-1]) == pytest.approx(0.37 * 4.8, abs=0.03)
+    assert "Ceilings: HBM at the datasheet's 4.8 TB/s; tensor cores at the datasheet's peak" in out.replace("\n", " ")
+
+
+def test_bench_roofline_at_the_runs_streaming_read(tmp_path):
+    # A file with the streaming read and the matrix product measured in its run: the floors are
+    # those rates, not the datasheet's, and a memory-bound point's roof is its share of the read.
+    doc = json.loads(H200.read_text())
+    doc["meta"]["stream_read"] = {"before_tb_s": 4.40, "after_tb_s": 4.45, "tb_s": 4.45, "method": "test"}
+    doc["meta"]["matmul_peak"] = {"before_tflops": 790.0, "tflops": 790.0, "method": "test"}
+    f = tmp_path / "with_read.json"
+    f.write_text(json.dumps(doc))
+    d = _json(runner.invoke(app, ["bench", "--results", str(f), "--json"]))
+    i = next(i for i, r in enumerate(d["results"]) if r["workload"]["label"] == POINT)
+    roof = d["rooflines"][i]
+    assert roof["floor_ms"] == pytest.approx(0.147 * 4.8 / 4.45, abs=1e-3)
+    assert roof["compute_ms"] == pytest.approx(d["results"][i]["flops"] / 790e12 * 1e3)
+    assert d["roofline_ceilings"] == ("HBM at this run's streaming read, 4.45 TB/s; "
+                                      "tensor cores at this run's matrix product, 790 TFLOPS")
+    result = runner.invoke(app, ["bench", "--results", str(f), "--label", POINT])
+    roof = [line.split() for line in result.stdout.splitlines() if line.strip().startswith(POINT)][-1]
+    assert roof[-6:] == ["memory", "0.158", "13%", "40%", "0.56", "1.78"]
+    assert "streaming read, 4.45 TB/s" in result.stdout.replace("\n", " ")
 
 
 BWD = H200.with_name("bench_bwd_hsp_h200_2026-11-30.json")
@@ -228,12 +252,17 @@ def test_bench_live_keeps_the_points_measured_before_a_failure(tmp_path, monkeyp
         raise RuntimeError("the GPU fell off the bus")
 
     monkeypatch.setattr(timing, "require_gpu", lambda *a, **k: None)
+    monkeypatch.setattr(timing, "stream_read_tb_s", lambda: 4.4)
+    monkeypatch.setattr(timing, "matmul_tflops", lambda: 780.0)
     monkeypatch.setattr(lib, "run_bench", fake_run_bench)
     out = tmp_path / "partial.json"
     result = runner.invoke(app, ["bench", "--peers", "", "--limits", "--out", str(out)])
     assert isinstance(result.exception, RuntimeError) and seen["limits"] is True
     kept = lib.load_results(out)
     assert [r["workload"]["label"] for r in kept.records] == [recorded[0]["workload"]["label"]]
+    # The streaming read taken before the points is in the file already; the one after never ran.
+    assert kept.meta["stream_read"]["before_tb_s"] == 4.4 and "after_tb_s" not in kept.meta["stream_read"]
+    assert kept.stream_tb_s == 4.4 and kept.matmul_tflops == 780.0
     assert kept.records[0]["impls"] == recorded[0]["impls"] and kept.meta["command"].startswith("jfa-prof")
 
 

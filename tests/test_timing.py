@@ -113,3 +113,22 @@ def test_gpu_ms_sums_every_kernel_of_a_call_and_leaves_host_gaps_out(cuda_device
     # 2 ms of host sleep per call would dominate a call's wall time, not its GPU time.
     slow = timing.gpu_ms(lambda: (time.sleep(0.002), a @ a), n=3, rounds=1)
     assert slow == pytest.approx(one, rel=0.15)
+
+
+@pytest.mark.gpu
+def test_stream_read_reaches_most_of_the_datasheet_bandwidth_and_never_more(cuda_device):
+    from jfa_prof.hardware import lookup
+
+    spec = lookup(torch.cuda.get_device_name(cuda_device))
+    tb_s = timing.stream_read_tb_s(nbytes=2 << 30)
+    # A read of 2 GiB, far beyond the L2: above half the datasheet's figure, and not past it.
+    assert spec is not None and 0.5 * spec.hbm_bandwidth_tb_s < tb_s <= 1.02 * spec.hbm_bandwidth_tb_s
+
+
+@pytest.mark.gpu
+def test_matmul_rate_is_below_the_datasheet_peak_and_near_it(cuda_device):
+    from jfa_prof.hardware import lookup
+
+    spec = lookup(torch.cuda.get_device_name(cuda_device))
+    tflops = timing.matmul_tflops(n=4096)
+    assert spec is not None and 0.4 * spec.peak_flops("bf16") / 1e12 < tflops <= 1.02 * spec.peak_flops("bf16") / 1e12

@@ -51,10 +51,16 @@ def results_document(records: list[dict[str, Any]], meta: dict[str, Any],
             "results": [{**r, "meta": meta} for r in records]}
 
 
+def _tb_s(nbytes: float | None, ms: Any) -> float | None:
+    """The unavoidable bytes of a point over a call's time, in decimal TB/s: the HBM rate the
+    call reached at the least (whatever it moved beyond them is its own)."""
+    return nbytes / ms / 1e9 if nbytes and isinstance(ms, (int, float)) and ms > 0 else None
+
+
 FRAME_COLUMNS = ("pass", "grid", "label", "B", "H", "H_kv", "D", "Lq", "max_kv", "sparsity", "broadcast_q",
                  "total_q", "total_kv", "flops", "impl", "kind", "ms", "ms_repeat", "tflops", "ratio_vs_fa4",
                  "ratio_vs_best_peer", "best_peer", "rel_err", "peak_mem_mb", "host_us", "gpu_ms", "error", "bound",
-                 "floor_ms", "roof")
+                 "floor_ms", "roof", "hbm_tb_s")
 
 
 @dataclass
@@ -98,13 +104,46 @@ class BenchResults:
 
         return lookup(self.meta.get("gpu"))
 
+    def _measured(self, name: str, field_: str) -> float | None:
+        value = (self.meta.get(name) or {}).get(field_)
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+    @property
+    def stream_tb_s(self) -> float | None:
+        """The streaming read's TB/s measured in the same run (files since 2026-12-02), else None."""
+        return self._measured("stream_read", "tb_s")
+
+    @property
+    def matmul_tflops(self) -> float | None:
+        """The bf16 matrix product's TFLOPS measured in the same run (files since 2026-12-02), else None."""
+        return self._measured("matmul_peak", "tflops")
+
+    def ceilings(self) -> str:
+        """Where the rooflines' two ceilings come from, for the tables to say."""
+        spec = self.spec()
+        if spec is None:
+            return "an unknown GPU"
+        hbm = (f"HBM at this run's streaming read, {self.stream_tb_s:.2f} TB/s" if self.stream_tb_s
+               else f"HBM at the datasheet's {spec.hbm_bandwidth_tb_s:g} TB/s")
+        mma = (f"tensor cores at this run's matrix product, {self.matmul_tflops:.0f} TFLOPS" if self.matmul_tflops
+               else "tensor cores at the datasheet's peak")
+        return f"{hbm}; {mma}"
+
     def rooflines(self) -> list:
         """Per record, its `jfa_prof.analyses.roofline.Roofline` on the measuring GPU (None where
-        the GPU or the record's shape is unknown)."""
+        the GPU or the record's shape is unknown), with the HBM floor at the streaming read and the
+        compute floor at the matrix product measured in the same run where the file has them (the
+        datasheet's figures are never reached)."""
+        from dataclasses import replace
+
         from jfa_prof.analyses.roofline import roofline_of_record
 
         spec = self.spec()
-        return [roofline_of_record(r, spec) if spec else None for r in self.records]
+        if spec and self.stream_tb_s:
+            spec = replace(spec, hbm_bandwidth_tb_s=self.stream_tb_s)
+        # The product is timed in bf16; fp16 runs the same instructions at the same rate on Hopper.
+        peak = self.matmul_tflops * 1e12 if self.matmul_tflops else None
+        return [roofline_of_record(r, spec, peak_flops=peak) if spec else None for r in self.records]
 
     def frame(self):
         """One row per (point, implementation); see :data:`FRAME_COLUMNS`. ``bound``, ``floor_ms``
@@ -129,10 +168,11 @@ class BenchResults:
                     "error": e.get("error"),
                     "bound": roof.bound if roof else None, "floor_ms": roof.floor_ms if roof else None,
                     "roof": roof.fraction(e.get("ms")) if roof else None,
+                    "hbm_tb_s": _tb_s(roof.min_bytes if roof else None, e.get("ms")),
                 })
         df = pd.DataFrame(rows, columns=list(FRAME_COLUMNS))
         for c in ("ms", "ms_repeat", "tflops", "ratio_vs_fa4", "ratio_vs_best_peer", "rel_err", "peak_mem_mb",
-                  "host_us", "gpu_ms", "floor_ms", "roof"):
+                  "host_us", "gpu_ms", "floor_ms", "roof", "hbm_tb_s"):
             df[c] = pd.to_numeric(df[c], errors="coerce")
         return df
 

@@ -97,6 +97,7 @@ def bench(
                                 "html": str(html) if html else None,
                                 "limits_html": str(limits_html) if limits_html else None, **res.to_dict(),
                                 "rooflines": [r.to_dict() if r else None for r in res.rooflines()],
+                                "roofline_ceilings": res.ceilings(),
                                 "time_splits": [s.to_dict() if s else None for s in splits],
                                 "point_limits": [lim.to_dict() if lim else None for lim in point_limits]},
                                indent=1))
@@ -105,7 +106,8 @@ def bench(
     if detail if detail is not None else frame["label"].nunique() <= 4:
         render.bench_table(frame, console, title=f"{pass_} · {grids} · {provenance}")
     render.summary_table(frame, console, ours=res.baseline, title=f"{pass_} TFLOPS · {grids} · {provenance}")
-    render.roofline_table(frame, console, ours=res.baseline, title=f"{pass_} roofline · {grids} · {res.gpu}")
+    render.roofline_table(frame, console, ours=res.baseline, title=f"{pass_} roofline · {grids} · {res.gpu}",
+                          ceilings=res.ceilings())
     render.limits_table(res.labels(), point_limits, splits, console,
                         title=f"{pass_} · what limits each point · {provenance}")
     if any(splits) and not any(point_limits):
@@ -167,9 +169,15 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
 
         fa4 = status.get("fa4")
         done: list[dict] = []
+        # The ceilings the roofline holds each point to, measured in this run before and after the points.
+        progress.update(task, description="streaming read, matrix product", point="ceilings")
+        stream = {"before_tb_s": timing.stream_read_tb_s(), "method": timing.STREAM_READ_METHOD}
+        matmul = {"before_tflops": timing.matmul_tflops(), "method": timing.MATMUL_METHOD}
 
         def write(records: list[dict]) -> dict:
             meta = timing.measurement_meta(flash_attn_4=fa4.version if fa4 and fa4.available else None)
+            meta["stream_read"] = {**stream, "tb_s": max(v for k, v in stream.items() if k.endswith("_tb_s"))}
+            meta["matmul_peak"] = {**matmul, "tflops": max(v for k, v in matmul.items() if k.endswith("_tflops"))}
             doc = lib.results_document(records, meta, status)
             if out is not None:
                 # Written aside and moved in whole: an interrupted write leaves the last good file.
@@ -184,5 +192,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
         records = lib.run_bench(workloads, pass_=pass_, peers=usable, schedules=schedules, rep_ms=rep_ms,
                                 on_impl=on_impl, limits=limits, on_point=on_point)
         progress.advance(task)
+        stream["after_tb_s"] = timing.stream_read_tb_s()
+        matmul["after_tflops"] = timing.matmul_tflops()
     doc = write(records)
     return lib.BenchResults(meta=doc["meta"], records=doc["results"], peers=doc["peers"], path=out)

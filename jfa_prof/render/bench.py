@@ -114,9 +114,9 @@ def escape_html(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-ROOF_NOTE = ("roof: the point's floor (its FLOPs at the dense tensor-core peak, or the HBM bytes it cannot avoid "
-             "at peak bandwidth, whichever is longer) divided by the time; memory-bound points cannot pass 100% "
-             "of HBM bandwidth")
+ROOF_NOTE = ("floor: ms; roof: the point's floor (its FLOPs at the tensor cores' rate, or the HBM bytes it cannot "
+             "avoid at the bandwidth, both below, whichever is longer) divided by the time. TB/s: those bytes over "
+             "the time, the HBM rate a call reached at the least.")
 
 
 def _num(x, fmt: str) -> str:
@@ -200,25 +200,31 @@ def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = N
 
 
 def roofline_table(frame: pd.DataFrame, console: Console, *, ours: str | None = None,
-                   title: str = "roofline") -> None:
-    """A row per point: what bounds it (the tensor cores or HBM), its floor in ms, and the share of
-    that floor ``ours`` and FA4 reached. Prints nothing for a GPU the hardware table lacks."""
+                   title: str = "roofline", ceilings: str | None = None) -> None:
+    """A row per point: what bounds it (the tensor cores or HBM), its floor in ms, the share of
+    that floor ``ours`` (unprefixed columns) and FA4 reached, and the HBM rate each reached (the
+    point's unavoidable bytes over its time). ``ceilings`` says where the two floors' rates come
+    from: with the same run's streaming read, a memory-bound point's roof is its share of that read.
+    Prints nothing for a GPU the hardware table lacks."""
     if not frame["bound"].notna().any():
         return
     names = impl_order(frame)
     ours = _ours(frame, names, ours)
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in (("workload", "left"), ("bound", "left"), ("floor ms", "right"),
-                          (f"{ours or 'ours'} roof", "right"), ("fa4 roof", "right")):
+    table = Table(title=f"{title} · unprefixed: {ours or 'ours'}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for name, justify in (("workload", "left"), ("bound", "left"), ("floor", "right"), ("roof", "right"),
+                          ("fa4 roof", "right"), ("TB/s", "right"), ("fa4 TB/s", "right")):
         table.add_column(escape(name), justify=justify, no_wrap=True)
     for label, point in frame.groupby("label", sort=False):
         by = {r.impl: r for r in point.itertuples(index=False)}
         first = point.iloc[0]
         table.add_row(escape(str(label)), first["bound"] if isinstance(first["bound"], str) else "–",
-                      _num(first["floor_ms"], ".3f"), _pct(getattr(by.get(ours), "roof", None)),
-                      _pct(getattr(by.get("fa4"), "roof", None)))
+                      _num(first["floor_ms"], ".3f"),
+                      *(_pct(getattr(by.get(n), "roof", None)) for n in (ours, "fa4")),
+                      *(_num(getattr(by.get(n), "hbm_tb_s", None), ".2f") for n in (ours, "fa4")))
     console.print(table)
-    console.print(f"[dim]{ROOF_NOTE}[/]", soft_wrap=False)
+    console.print(f"[dim]{ROOF_NOTE}" + (f" Ceilings: {escape(ceilings)}." if ceilings else "") + "[/]",
+                  soft_wrap=False)
 
 
 LIMITS_NOTE = ("From one recording of our kernel per point (tile records only): each tile's start-to-start time on its "
