@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants record_bwd host bwd_ab ncu_prof calibration limits roles
+#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab ncu_prof calibration limits roles
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -101,6 +101,14 @@ bwd_variants() {  # the backward's build choices side by side (dQ reduction, sch
 }
 fwd_variants() {  # the forward's K/V ring depth and Q buffers per consumer side by side
   python benchmarks/fwd_variants.py --out "$OUT/fwd_variants.json" 2>&1 | grep -v Warn | tail -21
+}
+o_buf() {  # the forward's output staged in its own buffers against the Q buffer, every HSP point, both orders
+  python benchmarks/fwd_variants.py --out "$OUT/fwd_o_buf.json" --schedule dynamic --compare o_buf 2>&1 | grep -v Warn | tail -36
+  python benchmarks/fwd_variants.py --out "$OUT/fwd_o_buf_reverse.json" --schedule dynamic --compare o_buf --reverse \
+    2>&1 | grep -v Warn | tail -36
+}
+stream() {  # what keeps the forward from the HBM ceiling at the memory-bound points
+  python benchmarks/fwd_stream.py --out "$OUT/fwd_stream.json" 2>&1 | grep -v Warn | tail -5
 }
 bwd_ab() {  # other backward builds against the checkout's: BWD_BEFORE="file ..." (git show REV:kernels/bwd.py > file),
   # BWD_BEFORE_LABEL="name ..." (one per file)

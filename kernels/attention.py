@@ -85,7 +85,7 @@ def require_hopper(device: torch.device) -> None:
 def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, window, causal, broadcast_q,
                schedule=DEFAULT_SCHEDULE, peel=True, profile=False, record_capacity=None, n_ctas=None, out=None,
                lse_out=None, work=None, queue=None, launch_hook=None, ablate=0, kv_stages=None, q_bufs=None,
-               block_n=None, host_descriptors=False, sample=1):
+               block_n=None, host_descriptors=False, sample=1, o_buf=None):
     """Launch the forward kernel; returns (o, lse, record buffer or None, FwdLaunch).
 
     q, k and v may be any strided views (`tma_ready`: read in place where TMA allows, else copied).
@@ -99,8 +99,10 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     alone. `ablate` is a bitmask of `fwd.ABLATIONS` for the waterfall, which make the output wrong on
     purpose, and of `fwd.PLANTS`, known delays that leave it right. `kv_stages`, `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per
     consumer and the keys per KV block, for benchmarks of the choice (a `work` list must have been
-    built for that `block_n`). `host_descriptors` passes TMA descriptors made on the host instead
-    of letting each CTA build its own, to compare the two. With no query rows or no keys nothing
+    built for that `block_n`). `o_buf=False` stages the output through the Q buffers instead of
+    buffers of its own (`fwd.O_BUF`), to compare the two. `host_descriptors` passes TMA
+    descriptors made on the host instead of letting each CTA build its own, to compare the two.
+    With no query rows or no keys nothing
     is launched: the output is zeros and the log-sum-exp -inf (no row sees a key), and FwdLaunch
     has n_ctas 0."""
     from jfa_prof.kernels import fwd
@@ -155,7 +157,8 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
         layout.tiles_offset if layout else 0, layout.tile_capacity if layout else 0,
         layout.spans_offset if layout else 0, layout.waits_offset if layout else 0)
     constexprs = _fwd_constexprs(D, broadcast_q, causal, window is not None, peel, schedule, level,
-                                 ablate, kv_stages, q_bufs or fwd.NUM_Q_BUFS, block_n, sample)
+                                 ablate, kv_stages, q_bufs or fwd.NUM_Q_BUFS, block_n, sample,
+                                 fwd.O_BUF if o_buf is None else bool(o_buf))
     if launch_hook:
         launch_hook("before")
     _launch(fwd._jfa_fwd, (grid, ), args, constexprs, fwd.NUM_WARPS, 1, q.device)
@@ -183,13 +186,13 @@ def _unused_records(device: torch.device) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=256)
 def _fwd_constexprs(head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate, kv_stages, q_bufs,
-                    block_n, sample) -> dict:
+                    block_n, sample, o_buf) -> dict:
     # A dict per distinct launch configuration, built once: the call passes it on unchanged.
     from jfa_prof.kernels import fwd
 
     return fwd.fwd_constexprs(head_dim=head_dim, broadcast_q=broadcast_q, causal=causal, has_window=has_window,
                               peel=peel, schedule=schedule, profile=profile, ablate=ablate, kv_stages=kv_stages,
-                              q_bufs=q_bufs, block_n=block_n, sample=sample if profile >= 3 else 1)
+                              q_bufs=q_bufs, block_n=block_n, sample=sample if profile >= 3 else 1, o_buf=o_buf)
 
 
 @dataclass(frozen=True)

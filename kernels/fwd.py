@@ -41,6 +41,7 @@ NUM_Q_BUFS = 2  # Q buffers per consumer
 # benchmarks/results/variants/fwd_variants_h200_*).
 SHORT_Q_BLOCK_N = 64
 KV_STAGES = {BLOCK_N: NUM_KV_STAGES, SHORT_Q_BLOCK_N: 4}  # K/V ring depth by keys per block
+O_BUF = True  # each consumer stages its output tile in a buffer of its own (see the kernel's epilogue)
 CONSUMER_REGS = 232
 NUM_WARPS = 4  # the producer (default task); each consumer adds 4 more
 
@@ -332,7 +333,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              PEEL: tl.constexpr, SCHEDULE: tl.constexpr, PROFILE: tl.constexpr,
-             NUM_STAGES: tl.constexpr, Q_BUFS: tl.constexpr, ABLATE: tl.constexpr = 0, SAMPLE: tl.constexpr = 1):
+             NUM_STAGES: tl.constexpr, Q_BUFS: tl.constexpr, ABLATE: tl.constexpr = 0, SAMPLE: tl.constexpr = 1,
+             O_BUF: tl.constexpr = True):
     SPLIT_M: tl.constexpr = BLOCK_M // 2
     NO_O_STORE: tl.constexpr = (ABLATE & 1) != 0
     NO_EXP: tl.constexpr = (ABLATE & 2) != 0
@@ -357,10 +359,15 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
     # Q_BUFS (two) Q buffers per consumer: the producer loads the next tile's Q while this one
     # computes. (One buffer and a third K/V stage fit too; that was slower where Lq = 256 and faster
     # only on the most memory-bound point: benchmarks/results/variants/fwd_variants_*.)
-    # A consumer also stages its output tile through its current Q buffer (see the epilogue).
+    # Without O_BUF a consumer also stages its output tile through its current Q buffer (see the epilogue).
     q_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 2 * Q_BUFS)
     k_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)
     v_tiles = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, NUM_STAGES)
+    if O_BUF:
+        # A staging buffer per consumer for its output tile (see the epilogue): 32 KB, what the
+        # shared memory had left (231,428 of 232,448 bytes with D=128). 0.3-3.6% faster kernels
+        # at every HSP point (benchmarks/results/variants/fwd_o_buf*_h200_2026-12-02.json).
+        o_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 2)
     q_fulls = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     k_fulls = tlx.alloc_barriers(num_barriers=NUM_STAGES, arrive_count=1)
@@ -548,6 +555,11 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     acc = tlx.async_dot(p, v_tiles[last], acc)
                     acc = tlx.async_dot_wait(0, acc)
                     tlx.barrier_arrive(v_empties[last], 1)
+                if O_BUF:
+                    if n_blocks > 0:
+                        # No matmul reads this Q any more: the producer may load the next tile's now.
+                        tlx.barrier_arrive(q_empties[q_slot], 1)
+                        q_cnt += 1
                 if PROFILE >= 3:
                     prof.event_mark(rec_ptr, ev)
                 if SLOW_EPILOGUE:
@@ -561,27 +573,40 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                 o_rows = (o_row0 + row_ids).to(tl.int64)
                 if not NO_O_STORE:
                     tl.store(lse_ptr + h.to(tl.int64) * total_rows + o_rows, lse, mask=row_ok)
-                # Stage the tile through this consumer's Q buffer (its Q is no longer needed): the
-                # compiler then needs no 32 KB scratch per consumer for the layout change, which
-                # leaves room for the second Q buffer. A half tile whose 64 rows all belong to the
-                # sequence goes out with one TMA store; a ragged one in row chunks, masked, whose
-                # pointers fit in a few registers. A tile without keys loaded no Q, and its Q
-                # buffer may be filling for the next tile: it writes zeros from registers.
+                # The tile goes out through shared memory (the compiler then needs no 32 KB scratch
+                # per consumer for the layout change): with O_BUF through a buffer of the
+                # consumer's own, whose TMA store is waited for only before the next tile writes
+                # it, so the store overlaps the next tile; else through its Q buffer, whose Q is
+                # no longer needed, waited for at once (the Q buffer goes back only then, and a
+                # proxy fence precedes every QK^T, since Q's buffer also takes generic writes).
+                # A half tile whose 64 rows all belong to the sequence goes out with one TMA
+                # store; a ragged one in row chunks, masked, whose pointers fit in a few
+                # registers. A tile without keys writes zeros from registers (without O_BUF its Q
+                # buffer may be filling for the next tile).
                 whole = (r0 + SPLIT_M <= Lq) & (n_blocks > 0)
+                if O_BUF:
+                    stage = o_tiles[cid]
+                    # The previous tile's store (issued by one thread) has read the buffer once
+                    # that thread's wait returns; the barrier holds the others until then.
+                    tlx.async_descriptor_store_wait(0)
+                    tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
+                else:
+                    stage = q_buf
                 if n_blocks > 0:
-                    tlx.local_store(q_buf, out)
+                    tlx.local_store(stage, out)
                     tlx.fence("async_shared")
                 tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
                 cols = tl.arange(0, HEAD_DIM)
                 if whole:
                     if not NO_O_STORE:
-                        tlx.async_descriptor_store(desc_o, q_buf, [o_row0 + r0, h * HEAD_DIM])
-                        tlx.async_descriptor_store_wait(0)
+                        tlx.async_descriptor_store(desc_o, stage, [o_row0 + r0, h * HEAD_DIM])
+                        if not O_BUF:
+                            tlx.async_descriptor_store_wait(0)
                 else:
                     for c in tl.static_range(SPLIT_M // _STORE_ROWS):
                         rows = r0 + c * _STORE_ROWS + tl.arange(0, _STORE_ROWS)
                         if n_blocks > 0:
-                            chunk = tlx.local_load(tlx.local_slice(q_buf, [c * _STORE_ROWS, 0],
+                            chunk = tlx.local_load(tlx.local_slice(stage, [c * _STORE_ROWS, 0],
                                                                    [_STORE_ROWS, HEAD_DIM]))
                         else:
                             chunk = tl.zeros([_STORE_ROWS, HEAD_DIM], dtype)
@@ -589,10 +614,11 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                                 + cols[None, :])
                         if not NO_O_STORE:
                             tl.store(ptrs, chunk, mask=(rows < Lq)[:, None])
-                tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
-                if n_blocks > 0:
-                    tlx.barrier_arrive(q_empties[q_slot], 1)
-                    q_cnt += 1
+                if not O_BUF:
+                    tlx.named_barrier_wait(_STAGE_BAR + cid, _WARPGROUP_THREADS)
+                    if n_blocks > 0:
+                        tlx.barrier_arrive(q_empties[q_slot], 1)
+                        q_cnt += 1
                 if PROFILE:
                     if cid == 0:
                         prof.write_tile(rec_ptr, rec_tiles_off, rec_tile_cap, pos, pid, prof.smid(), tile, b, h,
@@ -608,6 +634,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                 n_done += 1
                 pos, tile, b, h, m0, Lq, Lk, o_row0, blk_lo, n_blocks, w_pf, n_pf = _take_tile(
                     box[cid], box_fulls[cid], box_empties[cid], n_done & 1, cid, w_pf, n_pf, PROFILE)
+            if O_BUF:
+                tlx.async_descriptor_store_wait(0)  # the last tile's store reads shared memory
             if PROFILE:
                 role = 1 + cid
                 prof.span_end(rec_ptr, rec_spans_off, pid, role, _N_ROLES, n_done)
@@ -635,20 +663,21 @@ def fwd_signature(dtype: str, head_dim: int, block_n: int = BLOCK_N) -> dict[str
                  "rec_spans_off", "rec_waits_off"):
         sig[name] = "i32"
     for name in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "BROADCAST_Q", "CAUSAL", "HAS_WINDOW", "PEEL", "SCHEDULE",
-                 "PROFILE", "NUM_STAGES", "Q_BUFS", "ABLATE", "SAMPLE"):
+                 "PROFILE", "NUM_STAGES", "Q_BUFS", "ABLATE", "SAMPLE", "O_BUF"):
         sig[name] = "constexpr"
     return sig
 
 
 def fwd_constexprs(*, head_dim, broadcast_q, causal, has_window, peel, schedule, profile, ablate=0,
-                   kv_stages=None, q_bufs=NUM_Q_BUFS, block_n=BLOCK_N, sample=1) -> dict:
+                   kv_stages=None, q_bufs=NUM_Q_BUFS, block_n=BLOCK_N, sample=1, o_buf=O_BUF) -> dict:
     """`block_n`: keys per KV block; the K/V ring depth follows it (`KV_STAGES`) unless `kv_stages`
     overrides it. `kv_stages` and `q_bufs` (Q buffers per consumer) exist for benchmarks of the choice.
-    `sample`: at profile level 3, event records for every `sample`-th tile of the list."""
+    `sample`: at profile level 3, event records for every `sample`-th tile of the list. `o_buf`: the
+    output staged through a buffer of its own (default) or through the Q buffer, to compare."""
     return {"HEAD_DIM": head_dim, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n, "BROADCAST_Q": broadcast_q,
             "CAUSAL": causal, "HAS_WINDOW": has_window, "PEEL": peel, "SCHEDULE": SCHEDULE_IDS[schedule],
             "PROFILE": int(profile), "NUM_STAGES": kv_stages or KV_STAGES[block_n], "Q_BUFS": q_bufs, "ABLATE": ablate,
-            "SAMPLE": sample}
+            "SAMPLE": sample, "O_BUF": o_buf}
 
 
 # PROFILE levels by the name they carry in variant names.
