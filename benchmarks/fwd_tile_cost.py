@@ -11,6 +11,7 @@ and comparable between builds (run the script from each build's tree, alternatin
 
 Each length is run as a multiple of the block (every block full, no mask) and ``--short`` keys
 less (the last block masked): the gap between the two fits is what the masked block adds.
+``--o-buf on|off`` times the output staged in its own buffers or through the Q buffer;
 ``--profile`` times an instrumented build (what the records cost per tile and per block);
 ``--ablate`` times a build without one piece of work (the waterfall's ablations; wrong outputs on
 purpose): the change in ``a`` and ``b`` is what that piece costs per tile and per block.
@@ -32,7 +33,8 @@ from jfa_prof.schedule import fwd_work_list
 KERNEL = "_jfa_fwd"
 
 
-def launch(lq: int, kv_len: int, heads: int, batch: int, device, n_ctas: int, ablate: int = 0, profile: int = 0):
+def launch(lq: int, kv_len: int, heads: int, batch: int, device, n_ctas: int, ablate: int = 0, profile: int = 0,
+           o_buf: bool | None = None):
     """A call of the planned forward over `batch` broadcast-Q sequences of `kv_len` keys each."""
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(lq, heads, 128, generator=gen, device=device, dtype=torch.bfloat16)
@@ -45,7 +47,8 @@ def launch(lq: int, kv_len: int, heads: int, batch: int, device, n_ctas: int, ab
 
     def run():
         return fwd_launch(q, k, v, None, kv_offsets, lq, sm_scale=1 / math.sqrt(128), window=None, causal=False,
-                          broadcast_q=True, schedule="dynamic", work=wl, out=out, ablate=ablate, profile=profile)
+                          broadcast_q=True, schedule="dynamic", work=wl, out=out, ablate=ablate, profile=profile,
+                          o_buf=o_buf)
 
     if not ablate:
         # The first and the last sequence against fp32 attention: a launch that skipped work is not timed.
@@ -74,7 +77,10 @@ def main():
                     "(the waterfall's ablations): what it adds per tile and per block")
     ap.add_argument("--profile", type=int, choices=(0, 1, 2), default=0,
                     help="instrumentation level: what tile records (1) and barrier waits (2) add per tile and block")
+    ap.add_argument("--o-buf", choices=("on", "off"), help="stage the output in its own buffers or through the Q "
+                    "buffer (default: the op's choice, kernels/fwd.py O_BUF)")
     a = ap.parse_args()
+    o_buf = None if a.o_buf is None else a.o_buf == "on"
     ablate = fwd.ABLATIONS[a.ablate][0] if a.ablate else 0
     device = timing.require_gpu("the tile-cost sweep")
     n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
@@ -87,7 +93,7 @@ def main():
     calls = {}
     for n, short in points:
         kv_len = n - short
-        run = launch(a.lq, kv_len, a.heads, batch, device, n_ctas, ablate, a.profile)
+        run = launch(a.lq, kv_len, a.heads, batch, device, n_ctas, ablate, a.profile, o_buf)
         run()
         calls[(n, short)] = run
     timed = timing.alternated({f"{n}-{s}": run for (n, s), run in calls.items()}, a.rounds,
