@@ -366,7 +366,9 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
     if O_BUF:
         # A staging buffer per consumer for its output tile (see the epilogue): 32 KB, what the
         # shared memory had left (231,428 of 232,448 bytes with D=128). 0.3-3.6% faster kernels
-        # at every HSP point (benchmarks/results/variants/fwd_o_buf*_h200_2026-12-02.json).
+        # at every HSP point (benchmarks/results/variants/fwd_o_buf*_h200_2026-12-02.json): each
+        # 128-key block 6% faster without the loop's proxy fence, each tile 0.1-0.3 us slower
+        # (benchmarks/results/limits/tile_cost_lq256_o_buf_*).
         o_tiles = tlx.local_alloc((SPLIT_M, HEAD_DIM), dtype, 2)
     q_fulls = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
     q_empties = tlx.alloc_barriers(num_barriers=2 * Q_BUFS, arrive_count=1)
