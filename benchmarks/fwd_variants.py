@@ -2,8 +2,8 @@
 KV block and where the output is staged (`--compare o_buf`: a buffer of its own or the Q buffer,
 at the op's ring and block size, on every HSP point), each checked against the fp32 reference
 first. Times the kernel alone (the work list is built once, outside the timed call) with
-triton.testing.do_bench, in rounds that alternate the variants; each variant's figure is the median of its rounds. Variants that do not fit in shared
-memory are reported, not timed.
+triton.testing.do_bench, in rounds that alternate the variants; each variant's figure is the
+median of its rounds. Variants that do not fit in shared memory are reported, not timed.
 
     python benchmarks/fwd_variants.py --out benchmarks/results/fwd_variants.json
 """
