@@ -297,8 +297,21 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
     if not FIRST:
         acc = tlx.async_dot_wait(0, acc)
         tlx.barrier_arrive(v_empties[prev], 1)
+        if BLOCK_N >= 128:
+            # P reaches the registers the next block's P·V reads only through this copy: the
+            # compiler then rounds it to bf16 straight into that matmul's operand layout instead of
+            # permuting the bytes of each register before every P·V (`jfa-prof spills`: 32 PRMT per
+            # iteration without it): the HSP Lq=256 points 0.7-4.5% faster; with 64-key blocks (16
+            # PRMT) 0.97-1.02x, so not there (benchmarks/results/variants/fwd_moved_p_*).
+            p = _moved(p)
     acc = acc * alpha[:, None]
     return p, acc, m_i, l_i, w_k, n_k, w_turn, n_turn
+
+
+@triton.jit
+def _moved(x):
+    """x, a 16-bit tensor, copied register by register (two values per register)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False, pack=2)
 
 
 @triton.jit

@@ -249,14 +249,15 @@ def test_matmul_loops_tell_whether_the_softmax_overlaps_the_matmul():
 def test_forward_kv_loop_anatomy():
     """The broadcast forward's KV loop, one copy per consumer. With the output staged in buffers of
     its own, no generic write reaches a Q buffer and the loop has no proxy fence; staged through the
-    Q buffer (`O_BUF=False`) the compiler fences every iteration's QK^T."""
+    Q buffer (`O_BUF=False`) the compiler fences every iteration's QK^T. P, copied into the
+    registers the next P·V reads (`fwd._moved`), needs no byte permutes before it."""
     import dataclasses
 
     from jfa_prof.compile import _registered_variants, compile_variant
 
     variant = _registered_variants()["fwd/bcast/bf16/d128/dynamic/peel/noprof"]
     loops = compile_variant(variant).loops
-    assert loops.loops == 2 and loops.fences == 0 and loops.local == 0
+    assert loops.loops == 2 and loops.fences == 0 and loops.local == 0 and loops.shuffles == 0
     through_q = dataclasses.replace(variant, name=f"{variant.name}/q-staged",
                                     constexprs={**variant.constexprs, "O_BUF": False})
     assert compile_variant(through_q).loops.fences == 1
