@@ -57,6 +57,7 @@ class VariantResources:
     loop_fences: int = 0
     loop_local: int = 0
     mufu_overlap: float | None = None  # None: no MUFU in the loop
+    mufu_wait: str | None = None  # what the wait holding those exponentials back sits next to (ptxas.MUFU_WAITS)
     compile_seconds: float | None = None
     cached: bool = False
     warnings: tuple[str, ...] = ()
@@ -81,7 +82,7 @@ def from_result(result: Any) -> VariantResources:
         smem_bytes=result.metadata.shared, ldl=local.loads, stl=local.stores,
         wgmma_in_flight=waits.wgmma_in_flight, barriers=waits.barriers,
         loop_instructions=loops.instructions, loop_shuffles=loops.shuffles, loop_fences=loops.fences,
-        loop_local=loops.local, mufu_overlap=loops.mufu_overlap,
+        loop_local=loops.local, mufu_overlap=loops.mufu_overlap, mufu_wait=loops.mufu_wait,
         compile_seconds=result.compile_seconds, cached=result.cached, warnings=warnings)
 
 
@@ -94,7 +95,7 @@ METRICS: tuple[str, ...] = ("registers", "spill_store_bytes", "spill_load_bytes"
                             "stack_bytes", "smem_bytes", "ldl", "stl", "wgmma_in_flight", "barriers",
                             "loop_instructions", "loop_shuffles", "loop_fences", "loop_local", "mufu_overlap")
 
-_COLUMNS = ("variant", "kernel") + METRICS + ("compile_seconds", "cached", "warnings", "error")
+_COLUMNS = ("variant", "kernel") + METRICS + ("mufu_wait", "compile_seconds", "cached", "warnings", "error")
 
 
 def spill_table(resources: Iterable[VariantResources]) -> pd.DataFrame:
@@ -111,6 +112,7 @@ def spill_table(resources: Iterable[VariantResources]) -> pd.DataFrame:
         ok = r.error is None
         rec.update({
             **{m: getattr(r, m) if ok else None for m in METRICS},
+            "mufu_wait": r.mufu_wait,
             "compile_seconds": r.compile_seconds,
             "cached": r.cached,
             "warnings": list(r.warnings),

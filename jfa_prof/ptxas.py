@@ -332,6 +332,21 @@ class MatmulLoopStats:
     # still in flight: 1.0 when a softmax overlaps its own P·V, 0.0 when the code waits first; None
     # when no loop has any (a plain GEMM).
     mufu_overlap: float | None
+    # In that copy, what the wgmma wait holding its first exponentials back sits next to
+    # (`MUFU_WAITS`); None when none is held back.
+    mufu_wait: str | None = None
+
+
+# What a loop's full wgmma wait (DEPBAR.LE gsb0, 0x0) ahead of its exponentials sits next to. In
+# the forward's KV loop ptxas put that wait where the peeled mask's branch rejoins; with the block
+# split into a masked and an unmasked body, so that no branch rejoins inside either, the unmasked
+# one issued every exponential with its P·V in flight (benchmarks/results/variants/fwd_two_bodies_*).
+MUFU_WAITS = {
+    "branch join": "a branch inside the loop rejoins there",
+    "mbarrier arrive": "it comes right after an mbarrier arrive",
+    "elsewhere": "next to neither a branch join nor an mbarrier arrive",
+}
+_NEAR = 2  # instructions before a wait that count as next to it
 
 
 def _loop_bodies(instrs: list[re.Match]) -> list[list[re.Match]]:
@@ -353,27 +368,57 @@ def _loop_bodies(instrs: list[re.Match]) -> list[list[re.Match]]:
     return [instrs[a:b + 1] for a, b in sorted(set(inner))]
 
 
-def _mufu_overlap(body: list[re.Match]) -> tuple[int, int]:
-    """(MUFU instructions, those issued with a wgmma group in flight) in one loop body. The state at
-    the top of the body is the one its end leaves (the loop comes round)."""
-    def step(state, m):
-        op = m.group("op")
-        if op.startswith("HGMMA") and "gsb0" in m.group("rest"):
-            return True
-        if op.startswith("WARPGROUP.DEPBAR"):
-            pending = re.search(r"0x([0-9a-fA-F]+)", m.group("rest"))
-            return bool(pending and int(pending.group(1), 16) > 0)
-        return state
+def _in_flight(state: bool, m: re.Match) -> bool:
+    """Whether a wgmma group is in flight after instruction `m`, given whether one was before it."""
+    op = m.group("op")
+    if op.startswith("HGMMA") and "gsb0" in m.group("rest"):
+        return True
+    if op.startswith("WARPGROUP.DEPBAR"):
+        pending = re.search(r"0x([0-9a-fA-F]+)", m.group("rest"))
+        return bool(pending and int(pending.group(1), 16) > 0)
+    return state
+
+
+def _mufu_overlap(body: list[re.Match]) -> tuple[int, int, str | None]:
+    """(MUFU instructions, those issued with a wgmma group in flight, what the wait ahead of the
+    first one issued without sits next to: a `MUFU_WAITS` key) in one loop body. The state at the
+    top of the body is the one its end leaves (the loop comes round)."""
     state = False
-    for m in body:
-        state = step(state, m)
+    emptied = None  # index of the wait that last emptied the matmul pipe (in the previous round first)
+    for i, m in enumerate(body):
+        after = _in_flight(state, m)
+        if state and not after:
+            emptied = i
+        state = after
     total = overlapped = 0
-    for m in body:
+    held = None
+    for i, m in enumerate(body):
         if m.group("op").startswith("MUFU"):
             total += 1
             overlapped += state
-        state = step(state, m)
-    return total, overlapped
+            if not state and held is None and emptied is not None:
+                held = _next_to(body, emptied)
+        after = _in_flight(state, m)
+        if state and not after:
+            emptied = i
+        state = after
+    return total, overlapped, held
+
+
+def _next_to(body: list[re.Match], w: int) -> str:
+    """What the wait at body[w] sits next to (`MUFU_WAITS`)."""
+    targets = set()
+    for m in body:
+        if m.group("op").startswith("BRA"):
+            t = re.search(r"0x([0-9a-fA-F]+)", m.group("rest"))
+            if t:
+                targets.add(int(t.group(1), 16))
+    near = body[max(0, w - _NEAR):w + 1]
+    if any(int(m.group("off"), 16) in targets for m in near):
+        return "branch join"
+    if any(m.group("op").startswith("SYNCS.ARRIVE") for m in near[:-1]):
+        return "mbarrier arrive"
+    return "elsewhere"
 
 
 def matmul_loops(sass_text: str) -> MatmulLoopStats:
@@ -386,8 +431,9 @@ def matmul_loops(sass_text: str) -> MatmulLoopStats:
     def count(body, *prefixes):
         return sum(1 for m in body if m.group("op").startswith(prefixes))
     overlaps = [_mufu_overlap(b) for b in bodies]
+    worst = min((o for o in overlaps if o[0]), key=lambda o: o[1] / o[0], default=None)
     return MatmulLoopStats(
         loops=len(bodies), instructions=max(len(b) for b in bodies),
         shuffles=max(count(b, "PRMT") for b in bodies), fences=max(count(b, "FENCE.VIEW.ASYNC") for b in bodies),
         local=max(count(b, *_LOCAL_OPS) for b in bodies),
-        mufu_overlap=min((o / t for t, o in overlaps if t), default=None))
+        mufu_overlap=worst[1] / worst[0] if worst else None, mufu_wait=worst[2] if worst else None)

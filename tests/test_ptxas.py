@@ -236,6 +236,7 @@ def test_matmul_loops_tell_whether_the_softmax_overlaps_the_matmul():
                                     "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R4, R4", "MUFU.EX2 R5, R5"), "EXIT")
     s = matmul_loops(serial)
     assert (s.fences, s.local, s.mufu_overlap) == (1, 1, 0.0)
+    assert s.mufu_wait == "elsewhere" and matmul_loops(overlapped).mufu_wait is None
     # A loop without matmuls, and a barrier-retry stub after EXIT branching back, are not wgmma loops.
     assert matmul_loops(_sass("NOP", "MUFU.EX2 R4, R4", "@P0 BRA 0x10", "EXIT")).loops == 0
     # A loop of matmuls alone has no exponentials to overlap: no share rather than 0%.
@@ -244,6 +245,28 @@ def test_matmul_loops_tell_whether_the_softmax_overlaps_the_matmul():
     assert gemm.loops == 1 and gemm.mufu_overlap is None
     stub = _sass("NOP", "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0", "EXIT", "BRA 0x10")
     assert matmul_loops(stub).loops == 0
+
+
+def test_matmul_loops_say_what_the_wait_holding_the_exponentials_back_sits_next_to():
+    # _kv_loop's lines start at 0x0010 (after the NOP), 0x10 apart: its softmax starts at 0x0050.
+    def wait_at(*softmax):
+        return matmul_loops(_sass("NOP", *_kv_loop(*softmax), "EXIT")).mufu_wait
+    # A masked block's branch rejoining right before the wait (the peeled forward's KV loop).
+    assert wait_at("WARPGROUP.DEPBAR.LE gsb0, 0x1", "@P1 BRA 0x80", "FSEL R24, R24, -INF, !P2",
+                   "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R4, R4") == "branch join"
+    assert wait_at("WARPGROUP.DEPBAR.LE gsb0, 0x1", "@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x38740], RZ",
+                   "WARPGROUP.DEPBAR.LE gsb0, 0x0", "MUFU.EX2 R4, R4") == "mbarrier arrive"
+    # A branch that rejoins far from the wait says nothing about it.
+    assert wait_at("WARPGROUP.DEPBAR.LE gsb0, 0x1", "@P1 BRA 0x70", "FSEL R24, R24, -INF, !P2", "FMNMX R3, R24, R25",
+                   "FMNMX R3, R3, R26", "FMNMX R3, R3, R27", "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+                   "MUFU.EX2 R4, R4") == "elsewhere"
+    # A wait at the end of the body holds back the exponentials at its top, the next time round.
+    top = matmul_loops(_sass("NOP", "MUFU.EX2 R4, R4", *_kv_loop("@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4], RZ",
+                                                                 "WARPGROUP.DEPBAR.LE gsb0, 0x0"), "EXIT"))
+    assert (top.mufu_overlap, top.mufu_wait) == (0.0, "mbarrier arrive")
+    # Exponentials issued before the wait are not held back by it.
+    assert wait_at("WARPGROUP.DEPBAR.LE gsb0, 0x1", "MUFU.EX2 R4, R4", "@P1 BRA 0x80", "NOP",
+                   "WARPGROUP.DEPBAR.LE gsb0, 0x0") is None
 
 
 def test_forward_kv_loop_anatomy():
@@ -258,6 +281,8 @@ def test_forward_kv_loop_anatomy():
     variant = _registered_variants()["fwd/bcast/bf16/d128/dynamic/peel/noprof"]
     loops = compile_variant(variant).loops
     assert loops.loops == 2 and loops.fences == 0 and loops.local == 0 and loops.shuffles == 0
+    # Its exponentials wait for the P·V where the peeled mask's branch rejoins.
+    assert loops.mufu_overlap == 0.0 and loops.mufu_wait == "branch join"
     through_q = dataclasses.replace(variant, name=f"{variant.name}/q-staged",
                                     constexprs={**variant.constexprs, "O_BUF": False})
     assert compile_variant(through_q).loops.fences == 1

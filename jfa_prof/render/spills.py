@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jfa_prof.analyses.spills import SpillComparison
+from jfa_prof.ptxas import MUFU_WAITS
 
 _LABELS = {
     "registers": "regs",
@@ -137,12 +138,17 @@ def render_table(table: pd.DataFrame, *, target: str, console: Console | None = 
                     cells[i] = f"[bold yellow]{cells[i]}[/]"
         if r["wgmma_in_flight"] == 1:
             cells[_FLIGHT] = f"[bold yellow]{cells[_FLIGHT]}[/]"
+        held = []
         if not _missing(r["mufu_overlap"]) and r["mufu_overlap"] < 0.5:
             cells[_OVERLAP] = f"[bold yellow]{cells[_OVERLAP]}[/]"
+            if not _missing(r["mufu_wait"]):
+                held = [f"exp\u2225mma: the loop waits for its matmul before the exponentials; "
+                        f"{MUFU_WAITS[r['mufu_wait']]}"]
         secs = "-" if _missing(r["compile_seconds"]) else f"{r['compile_seconds']:.1f}"
         if r["cached"]:
             secs = f"[dim]{secs}[/]"
-        rows.append((shown, "yellow" if spills else "", [*cells, secs], marks(["ptxas: " + w for w in r["warnings"]])))
+        rows.append((shown, "yellow" if spills else "", [*cells, secs],
+                     marks(held + ["ptxas: " + w for w in r["warnings"]])))
     # What the other columns leave the names, measured as rich lays them out, so a name breaks
     # after a "/" instead of mid-component.
     rest = Table(box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
