@@ -91,20 +91,20 @@ def fwd_launch(q, k, v, q_offsets, kv_offsets, max_seq_len_q, *, sm_scale, windo
     q, k and v may be any strided views (`tma_ready`: read in place where TMA allows, else copied).
     `profile` is the instrumentation level (0/False off, 1 tile records and role spans, 2/True also
     barrier waits, 3 also an event record per tile and warp role, for every `sample`-th tile). The
-    record buffer is allocated here when it is on, sized for every work-list slot
-    unless `record_capacity` asks for fewer (then the kernel counts what it had to drop).
+    record buffer is allocated here when it is on, sized for every work-list slot unless
+    `record_capacity` asks for fewer (then the kernel counts what it had to drop).
     `work` reuses a work list built earlier; `queue` is a zero int32 [1] tile counter for the dynamic
     schedule (default: the one a list built here brings, else a fresh one). `launch_hook(phase)` is
     called with "before" and "after" right around the kernel launch, so a caller can time the kernel
     alone. `ablate` is a bitmask of `fwd.ABLATIONS` for the waterfall, which make the output wrong on
-    purpose, and of `fwd.PLANTS`, known delays that leave it right. `kv_stages`, `q_bufs` and `block_n` override the K/V ring depth, the Q buffers per
-    consumer and the keys per KV block, for benchmarks of the choice (a `work` list must have been
-    built for that `block_n`). `o_buf=False` stages the output through the Q buffers instead of
-    buffers of its own (`fwd.O_BUF`), to compare the two. `host_descriptors` passes TMA
-    descriptors made on the host instead of letting each CTA build its own, to compare the two.
-    With no query rows or no keys nothing
-    is launched: the output is zeros and the log-sum-exp -inf (no row sees a key), and FwdLaunch
-    has n_ctas 0."""
+    purpose, and of `fwd.PLANTS`, known delays that leave it right. `kv_stages`, `q_bufs` and
+    `block_n` override the K/V ring depth, the Q buffers per consumer and the keys per KV block, for
+    benchmarks of the choice (a `work` list must have been built for that `block_n`).
+    `o_buf=False` stages the output through the Q buffers instead of buffers of its own
+    (`fwd.O_BUF`), to compare the two. `host_descriptors` passes TMA descriptors made on the host
+    instead of letting each CTA build its own, to compare the two. With no query rows or no keys
+    nothing is launched: the output is zeros and the log-sum-exp -inf (no row sees a key), and
+    FwdLaunch has n_ctas 0."""
     from jfa_prof.kernels import fwd
 
     H, D = q.shape[1], q.shape[2]
