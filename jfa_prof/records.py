@@ -85,6 +85,9 @@ class Wait(IntEnum):
 
 
 BARRIER_WORDS = 2
+# The kernels accumulate waits in 32-bit unsigned counters (one register each): a role that ran this
+# many cycles or more may have wrapped them, so readers refuse its waits.
+WAIT_COUNTER_LIMIT = 2**32
 
 
 class Event(IntEnum):

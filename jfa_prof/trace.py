@@ -41,8 +41,8 @@ import pandas as pd
 
 from jfa_prof.errors import BadInputError
 from jfa_prof.files import write_atomic
-from jfa_prof.records import (EVENT_FIXED_WORDS, FWD_ROLES, FWD_SITES, LAYOUT_VERSION, READ_LAYOUT_VERSIONS, Event,
-                              Header, Layout, Span, Tile, Wait)
+from jfa_prof.records import (EVENT_FIXED_WORDS, FWD_ROLES, FWD_SITES, LAYOUT_VERSION, READ_LAYOUT_VERSIONS,
+                              WAIT_COUNTER_LIMIT, Event, Header, Layout, Span, Tile, Wait)
 
 __all__ = [
     "FORMAT",
@@ -523,8 +523,14 @@ def _check_records(parts: dict[str, np.ndarray], meta: Mapping[str, Any], layout
     in_range("span SM id", spans[:, Span.SMID], sm_count, f"the {gpu.get('name') or 'GPU'} has")
     in_range("span tile count", spans[:, Span.N_TILES], None, "")
     waits = parts["waits"]
-    in_range("barrier wait cycles", waits[..., Wait.CYCLES].ravel(), None, "")
-    in_range("barrier wait count", waits[..., Wait.COUNT].ravel(), None, "")
+    in_range("barrier wait cycles", waits[..., Wait.CYCLES].ravel(), WAIT_COUNTER_LIMIT, "its counters hold below")
+    in_range("barrier wait count", waits[..., Wait.COUNT].ravel(), WAIT_COUNTER_LIMIT, "its counters hold below")
+    if waits.any() and len(spans):
+        longest = int((spans[:, Span.C_END] - spans[:, Span.C_START]).max())
+        if longest >= WAIT_COUNTER_LIMIT:
+            raise BadInputError(f"{where} has a warp role that ran {longest:,} cycles: its 32-bit wait counters "
+                                "may have wrapped, so its barrier waits cannot be trusted",
+                                hint="record waits (level 2 or 3) on a launch shorter than about two seconds")
 
     ev_rows = parts["events"]
     events = ev_rows[flags("event records", ev_rows[:, Event.VALID])]
@@ -533,7 +539,8 @@ def _check_records(parts: dict[str, np.ndarray], meta: Mapping[str, Any], layout
     sample = int(parts["header"][Header.SAMPLE]) or 1
     ev_pos = (np.flatnonzero(ev_rows[:, Event.VALID] == 1) // max(layout.n_roles, 1)) * sample
     in_range("event tile position", ev_pos, n_work, "the launch had tiles")
-    in_range("event wait cycles", events[:, EVENT_FIXED_WORDS:].ravel(), None, "")
+    in_range("event wait cycles", events[:, EVENT_FIXED_WORDS:].ravel(), WAIT_COUNTER_LIMIT,
+             "its counters hold below")
     n_sites = layout.n_sites
     if len(events) and ((events[:, Event.T_MARK] < events[:, Event.T_START])
                         | (events[:, Event.T_MARK] > events[:, Event.T_END])

@@ -322,7 +322,7 @@ def _reduce_dq(dq_desc, dq_stage, fulls, empties, s, row, col, cycles, count, bu
     idx = s % DQ_STAGES
     cycles, count = prof.timed_wait(fulls[idx], (s // DQ_STAGES) & 1, cycles, count, PROFILE)
     if PROFILE >= 2:
-        t0 = tlx.clock64()
+        t0 = prof.clock32()
     if SLOW:
         prof.spin(_PLANT_CYCLES)
     # The box may start on any row (a jagged sequence's first): rows past the sequence end add
@@ -333,7 +333,7 @@ def _reduce_dq(dq_desc, dq_stage, fulls, empties, s, row, col, cycles, count, bu
         tlx.async_descriptor_store(dq_desc, dq_stage[idx], [row, col], store_reduce="add")
     tlx.async_descriptor_store_wait(DQ_STAGES - 1)
     if PROFILE >= 2:
-        busy += tlx.clock64() - t0
+        busy += prof.clock32() - t0
         n_busy += 1
     done = s - (DQ_STAGES - 1)
     if done >= 0:
@@ -463,16 +463,16 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             n_posted = 0
             dq_row = 0
             dq_col = 0
-            w_ke = tl.zeros([], tl.int64)
-            n_ke = tl.zeros([], tl.int64)
-            w_se = tl.zeros([], tl.int64)
-            n_se = tl.zeros([], tl.int64)
-            w_df = tl.zeros([], tl.int64)
-            n_df = tl.zeros([], tl.int64)
-            w_bx = tl.zeros([], tl.int64)
-            n_bx = tl.zeros([], tl.int64)
-            w_dr = tl.zeros([], tl.int64)  # cycles reduce-adding dQ (not a wait: the producer's own work)
-            n_dr = tl.zeros([], tl.int64)
+            w_ke = prof.counter()
+            n_ke = prof.counter()
+            w_se = prof.counter()
+            n_se = prof.counter()
+            w_df = prof.counter()
+            n_df = prof.counter()
+            w_bx = prof.counter()
+            n_bx = prof.counter()
+            w_dr = prof.counter()  # cycles reduce-adding dQ (not a wait: the producer's own work)
+            n_dr = prof.counter()
             while t < n_tiles:
                 if PROFILE >= 3:
                     ev = prof.event_base(rec_ptr, waits_off, tile_cap, t, _R_PRODUCER, n_progs, _N_ROLES, _N_SITES,
@@ -553,14 +553,14 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             CPROF: tl.constexpr = PROFILE * (1 - cid)
             if CPROF:
                 prof.span_begin(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES)
-            dq_wait = tl.zeros([], tl.int64)
-            dq_waits = tl.zeros([], tl.int64)
-            w_kf = tl.zeros([], tl.int64)
-            n_kf = tl.zeros([], tl.int64)
-            w_sf = tl.zeros([], tl.int64)
-            n_sf = tl.zeros([], tl.int64)
-            w_ds = tl.zeros([], tl.int64)
-            n_ds = tl.zeros([], tl.int64)
+            dq_wait = prof.counter()
+            dq_waits = prof.counter()
+            w_kf = prof.counter()
+            n_kf = prof.counter()
+            w_sf = prof.counter()
+            n_sf = prof.counter()
+            w_ds = prof.counter()
+            n_ds = prof.counter()
             qk_scale = sm_scale * _LOG2E  # exponentials in base 2, as in the forward
             step = 0
             n_done = 0

@@ -403,14 +403,14 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
         with tlx.async_task("default"):
             if PROFILE:
                 prof.span_begin(rec_ptr, rec_spans_off, pid, 0, _N_ROLES)
-            w_qe = tl.zeros([], tl.int64)
-            n_qe = tl.zeros([], tl.int64)
-            w_ke = tl.zeros([], tl.int64)
-            n_ke = tl.zeros([], tl.int64)
-            w_ve = tl.zeros([], tl.int64)
-            n_ve = tl.zeros([], tl.int64)
-            w_pe = tl.zeros([], tl.int64)
-            n_pe = tl.zeros([], tl.int64)
+            w_qe = prof.counter()
+            n_qe = prof.counter()
+            w_ke = prof.counter()
+            n_ke = prof.counter()
+            w_ve = prof.counter()
+            n_ve = prof.counter()
+            w_pe = prof.counter()
+            n_pe = prof.counter()
             kv_cnt = 0
             q_cnt = 0
             n_done = 0
@@ -482,16 +482,16 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
             cid: tl.constexpr = tlx.async_task_replica_id()
             if PROFILE:
                 prof.span_begin(rec_ptr, rec_spans_off, pid, 1 + cid, _N_ROLES)
-            w_qf = tl.zeros([], tl.int64)
-            n_qf = tl.zeros([], tl.int64)
-            w_kf = tl.zeros([], tl.int64)
-            n_kf = tl.zeros([], tl.int64)
-            w_vf = tl.zeros([], tl.int64)
-            n_vf = tl.zeros([], tl.int64)
-            w_turn = tl.zeros([], tl.int64)
-            n_turn = tl.zeros([], tl.int64)
-            w_pf = tl.zeros([], tl.int64)
-            n_pf = tl.zeros([], tl.int64)
+            w_qf = prof.counter()
+            n_qf = prof.counter()
+            w_kf = prof.counter()
+            n_kf = prof.counter()
+            w_vf = prof.counter()
+            n_vf = prof.counter()
+            w_turn = prof.counter()
+            n_turn = prof.counter()
+            w_pf = prof.counter()
+            n_pf = prof.counter()
             qk_scale = sm_scale * 1.44269504088896  # softmax in base 2: exp(x) = exp2(x * log2(e))
             kv_cnt = 0
             q_cnt = 0

@@ -64,12 +64,27 @@ def globaltimer():
 
 
 @triton.jit
+def counter():
+    """A wait accumulator (cycles or count): 32 bits, unsigned, so it holds 2^32 cycles (over two
+    seconds of waiting at one site) in one register. In 64 bits, the forward producer's eight of them
+    spilled at level 2: it runs in 40 registers."""
+    return tl.zeros([], tl.uint32)
+
+
+@triton.jit
+def clock32():
+    """The SM clock's low 32 bits: a difference of two readings is exact (modulo 2^32) for any wait
+    under two seconds, and costs one register where clock64 takes two."""
+    return tl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r", [], dtype=tl.uint32, is_pure=False, pack=1)
+
+
+@triton.jit
 def timed_wait(bar, phase, cycles, count, PROFILE: tl.constexpr):
     """barrier_wait that, at PROFILE level 2, adds the cycles spent waiting to a per-site accumulator."""
     if PROFILE >= 2:
-        t0 = tlx.clock64()
+        t0 = clock32()
         tlx.barrier_wait(bar, phase)
-        cycles += tlx.clock64() - t0
+        cycles += clock32() - t0
         count += 1
     else:
         tlx.barrier_wait(bar, phase)
@@ -79,9 +94,9 @@ def timed_wait(bar, phase, cycles, count, PROFILE: tl.constexpr):
 @triton.jit
 def timed_named_wait(bar_id: tl.constexpr, n_threads: tl.constexpr, cycles, count, PROFILE: tl.constexpr):
     if PROFILE >= 2:
-        t0 = tlx.clock64()
+        t0 = clock32()
         tlx.named_barrier_wait(bar_id, n_threads)
-        cycles += tlx.clock64() - t0
+        cycles += clock32() - t0
         count += 1
     else:
         tlx.named_barrier_wait(bar_id, n_threads)
@@ -177,10 +192,10 @@ def event_base(rec_ptr, waits_off, tile_cap, pos, role, n_progs, n_roles: tl.con
     events_off = waits_off + n_progs * n_roles * n_sites * WAIT_WORDS_C
     cap = (tile_cap + SAMPLE - 1) // SAMPLE
     grp = pos // SAMPLE
-    off = tl.full([], -1, tl.int64)
+    off = tl.full([], -1, tl.int32)
     if pos % SAMPLE == 0:
         if grp < cap:
-            off = events_off + (grp * n_roles + role).to(tl.int64) * (E_FIXED + 2 * n_sites)
+            off = events_off + (grp * n_roles + role) * (E_FIXED + 2 * n_sites)
         else:
             tl.atomic_add(rec_ptr + H_EVENTS_DROPPED, 1, sem="relaxed")
     return off

@@ -287,3 +287,16 @@ def test_forward_kv_loop_anatomy():
                                     constexprs={**variant.constexprs, "O_BUF": False})
     assert compile_variant(through_q).loops.fences == 1
     assert 400 < loops.instructions < 1000
+
+
+def test_the_barrier_wait_level_does_not_spill():
+    """Level 2 times every wait into 32-bit counters (`kernels/profiling.counter`): in 64 bits the
+    forward producer's eight counters, in its 40 registers, spilled 136 bytes; the backward's
+    level-2 build spilled too."""
+    from jfa_prof.compile import _registered_variants, compile_variant
+
+    variants = _registered_variants()
+    for name in ("fwd/bcast/bf16/d128/dynamic/peel/prof", "fwd/bcast/bf16/d128/dynamic/peel/prof/n64",
+                 "bwd/bcast/bf16/d128/tma2/prof2"):
+        result = compile_variant(variants[name])
+        assert result.stats.spill_bytes == 0, name

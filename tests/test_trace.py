@@ -359,6 +359,24 @@ def test_times_that_run_backwards_or_span_more_than_a_launch_are_refused(run):
              "SM clock")
 
 
+def test_wait_counters_past_32_bits_or_a_role_long_enough_to_wrap_them_are_refused(run):
+    """The kernels count waits in 32-bit counters: a value past 2^32 is damage, and a role that
+    ran 2^32 cycles may have wrapped its counters, so its waits are refused, not read low."""
+    W, S = trace_mod.Wait, trace_mod.Span
+    _refused(run, lambda p, m: p["waits"][0, 1, 0].__setitem__(W.CYCLES, 2**32), "barrier wait cycles 4,294,967,296")
+    _refused(run, lambda p, m: p["waits"][0, 1, 0].__setitem__(W.COUNT, 2**32), "barrier wait count")
+
+    def long_span(parts, meta):
+        span = parts["spans"][0, 0]
+        khz = meta["gpu"]["sm_clock_khz"]
+        span[S.C_END] = span[S.C_START] + 2**32
+        span[S.T_END] = span[S.T_START] + 2**32 * 10**6 // khz  # the same length in ns: the clocks agree
+    bad, meta = _corrupted(run, long_span)
+    with pytest.raises(BadInputError, match="wrapped") as info:
+        trace_from_buffer(bad, meta)
+    assert "4,294,967,296 cycles" in info.value.message
+
+
 def test_a_record_of_random_words_is_refused(tmp_path, run):
     buf, meta, _ = run
     layout = trace_mod.layout_from_meta(meta)
