@@ -192,10 +192,10 @@ def event_base(rec_ptr, waits_off, tile_cap, pos, role, n_progs, n_roles: tl.con
     events_off = waits_off + n_progs * n_roles * n_sites * WAIT_WORDS_C
     cap = (tile_cap + SAMPLE - 1) // SAMPLE
     grp = pos // SAMPLE
-    off = tl.full([], -1, tl.int32)
+    off = tl.full([], -1, tl.int64)
     if pos % SAMPLE == 0:
         if grp < cap:
-            off = events_off + (grp * n_roles + role) * (E_FIXED + 2 * n_sites)
+            off = events_off + (grp * n_roles + role).to(tl.int64) * (E_FIXED + 2 * n_sites)
         else:
             tl.atomic_add(rec_ptr + H_EVENTS_DROPPED, 1, sem="relaxed")
     return off
