@@ -28,7 +28,19 @@ ap.add_argument("--before", required=True, action="append", help="another kernel
 ap.add_argument("--label-before", action="append", help="a name for each --before, in order")
 ap.add_argument("--out", required=True)
 ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--points", nargs="+", metavar="LQ,MAX_KV,SPARSITY|dense",
+                help="HSP points and / or the dense shape (default: four HSP points and dense)")
 args = ap.parse_args()
+
+
+def parse_point(text):
+    if text == "dense":
+        return ("dense", None, None, None)
+    lq, kv, s = text.split(",")
+    return ("hsp", int(lq), int(kv), float(s))
+
+
+points = [parse_point(p) for p in args.points] if args.points else POINTS
 device = timing.require_gpu("the backward A/B benchmark")
 labels = args.label_before or [f"before{i + 1}" if len(args.before) > 1 else "before" for i in range(len(args.before))]
 if len(labels) != len(args.before) or "checkout" in labels:
@@ -51,7 +63,7 @@ def build(module):
 
 
 rows = []
-for grid, lq, kv, s in POINTS:
+for grid, lq, kv, s in points:
     w = select_workload(grid, Lq=lq, max_kv=kv, sparsity=s)
     x = w.make(device)
     scale = 1 / math.sqrt(w.D)

@@ -18,9 +18,10 @@ the two helper kernels are plain Triton. Kernels:
   through a shared-memory mailbox, copies K / V per tile and Q / dO (with the rows' log-sum-exp
   and delta) per step into two slots, a step ahead, and issues the dQ reduce-adds. Two consumer
   warpgroups (240 registers each) own 64 of the tile's keys each. Per step (one query block of one
-  head): S^T = K Q^T and dP^T = V dO^T go to the tensor cores together and P^T is computed while
-  dP^T runs; dS^T goes to shared memory while dV += P^T dO and dK += dS^T Q run, then
-  dQ^T = K^T dS^T, which needs both consumers' halves of dS^T (a named barrier between the two).
+  head): S^T = K Q^T and dP^T = V dO^T go to the tensor cores together (the two consumers in
+  turn, consumer 1 first) and P^T is computed while dP^T runs; dS^T goes to shared memory while
+  dV += P^T dO and dK += dS^T Q run, then dQ^T = K^T dS^T, which needs both consumers' halves of
+  dS^T (a named barrier between the two).
   Against the same step run by two warpgroups that also issued the copies and the reduce-adds
   (8 warps, no producer): 1.06-1.14x faster on the H200
   (benchmarks/results/variants/bwd_ab_warp_specialized_*).
@@ -262,6 +263,7 @@ _STEP_BAR = tl.constexpr(9)  # + step parity: both consumers' halves of dS^T are
 _EPI_BAR = tl.constexpr(11)  # both consumers are past the tile's last dQ^T matmul, which reads all of K
 _WG_BAR = tl.constexpr(12)  # + consumer id: one consumer warpgroup's own barrier
 _PRODUCER_BAR = tl.constexpr(14)  # the producer warpgroup's own barrier (mailbox hand-off)
+_TURN_BAR = tl.constexpr(15)  # each step: consumer 1 has issued S^T and dP^T, consumer 0 may issue its own
 _CONSUMER_THREADS = tl.constexpr(256)
 _WARPGROUP_THREADS = tl.constexpr(128)
 # The tile mailbox: four fields (batch, -1 once the tiles are exhausted; kv head; KV block; tile
@@ -605,8 +607,17 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     do_s = do_bufs[slot_o]
                     # S^T = K Q^T and dP^T = V dO^T go to the tensor cores together; P^T is computed
                     # while dP^T runs.
+                    # The consumers issue them in turn, consumer 1 first, rather than both at once:
+                    # 1.01-1.06x faster on the H200 at HSP points and dense over four A/B runs
+                    # (benchmarks/results/variants/bwd_ab_turn*; found because the instrumented build,
+                    # whose clock reads delay consumer 0 alone, outran the plain one). Both wait at the
+                    # barrier once per step, so neither can take a second turn before the other.
+                    if cid == 0:
+                        tlx.named_barrier_wait(_TURN_BAR, _CONSUMER_THREADS)
                     qk_t = tlx.async_dot(k_s, tlx.local_trans(q_s))
                     dp_t = tlx.async_dot(v_s, tlx.local_trans(do_s))
+                    if cid == 1:
+                        tlx.named_barrier_wait(_TURN_BAR, _CONSUMER_THREADS)
                     qk_t = tlx.async_dot_wait(1, qk_t)
                     # P recomputed from the saved log-sum-exp. A row that saw no key has lse = -inf
                     # and no visible entry, so the select, not the exponential, makes its P zero.

@@ -300,3 +300,19 @@ def test_the_barrier_wait_level_does_not_spill():
                  "bwd/bcast/bf16/d128/tma2/prof2"):
         result = compile_variant(variants[name])
         assert result.stats.spill_bytes == 0, name
+
+
+@pytest.mark.parametrize("name", ["bwd/bcast/bf16/d128/tma2", "bwd/bcast/bf16/d64/tma2", "bwd/jagged/bf16/d128/det"])
+def test_the_backward_consumers_take_turns_at_the_first_matmuls(name):
+    """Each step both consumers wait once at the turn barrier (id 15, 256 threads): consumer 1 after
+    issuing S^T and dP^T, consumer 0 before. Both must, in every step loop, or the two would
+    deadlock or drift apart."""
+    from jfa_prof.compile import _registered_variants, compile_variant
+    from jfa_prof.ptxas import _loop_bodies, _sass_instructions
+
+    sass = compile_variant(_registered_variants()[name]).sass
+    turn = "BAR.SYNC.DEFER_BLOCKING 0xf, 0x100"
+    assert sass.count(turn) == 2
+    steps = [body for body in _loop_bodies(_sass_instructions(sass)) if any("HGMMA" in m.group(0) for m in body)]
+    assert len(steps) == 2
+    assert all(sum(turn in m.group(0) for m in body) == 1 for body in steps)
