@@ -608,7 +608,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     # S^T = K Q^T and dP^T = V dO^T go to the tensor cores together; P^T is computed
                     # while dP^T runs.
                     # The consumers issue them in turn, consumer 1 first, rather than both at once:
-                    # 1.01-1.06x faster on the H200 at HSP points and dense over four A/B runs
+                    # 1.01-1.06x faster on the H200 at HSP points and dense over three A/B runs
                     # (benchmarks/results/variants/bwd_ab_turn*; found because the instrumented build,
                     # whose clock reads delay consumer 0 alone, outran the plain one). Both wait at the
                     # barrier once per step, so neither can take a second turn before the other.
