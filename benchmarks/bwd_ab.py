@@ -16,7 +16,7 @@ import sys
 
 import jfa_prof.kernels as kernels_pkg
 from jfa_prof import bench, timing
-from jfa_prof.inputs import select_workload, upstream_grad
+from jfa_prof.inputs import hsp_point, select_workload, upstream_grad
 from jfa_prof.kernels import bwd as checkout
 from jfa_prof.kernels.attention import bwd_launch, fwd_launch
 
@@ -36,8 +36,7 @@ args = ap.parse_args()
 def parse_point(text):
     if text == "dense":
         return ("dense", None, None, None)
-    lq, kv, s = text.split(",")
-    return ("hsp", int(lq), int(kv), float(s))
+    return ("hsp", *hsp_point(text))
 
 
 points = [parse_point(p) for p in args.points] if args.points else POINTS

@@ -28,7 +28,7 @@ import sys
 import torch
 
 from jfa_prof import timing
-from jfa_prof.inputs import offsets_from_lengths, select_workload
+from jfa_prof.inputs import hsp_point, offsets_from_lengths, select_workload
 from jfa_prof.kernels import fwd
 from jfa_prof.kernels.attention import fwd_launch
 from jfa_prof.schedule import fwd_work_list
@@ -133,8 +133,7 @@ def _kernel_ms(fn, name: str) -> float:
 
 results = []
 for p in args.points:
-    lq, kv, s = p.split(",")
-    r = point(int(lq), int(kv), float(s))
+    r = point(*hsp_point(p))
     results.append(r)
     print(r["workload"], "  ".join(f"{n} {v['ms']:.3f} ms {v['kv_tb_s']:.2f} TB/s" for n, v in r["variants"].items()),
           flush=True)

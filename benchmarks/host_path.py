@@ -23,7 +23,7 @@ import torch
 import triton
 
 from jfa_prof import timing
-from jfa_prof.inputs import select_workload
+from jfa_prof.inputs import hsp_point, select_workload
 from jfa_prof.kernels import attention, fwd, offsets_cache
 from jfa_prof.kernels.attention import _descriptor, bwd_launch, fwd_launch, jagged_flash_attention, plan_attention
 from jfa_prof.kernels.checks import check_offsets
@@ -205,8 +205,8 @@ def main():
     a = ap.parse_args()
     results = []
     for p in a.points:
-        lq, mkv, s = p.split(",")
-        w = select_workload("hsp", Lq=int(lq), max_kv=int(mkv), sparsity=float(s))
+        lq, mkv, s = hsp_point(p)
+        w = select_workload("hsp", Lq=lq, max_kv=mkv, sparsity=s)
         if a.batch:
             w = dataclasses.replace(w, B=a.batch)
         print(w.label, flush=True)

@@ -23,7 +23,7 @@ import statistics
 import torch
 
 from jfa_prof import bench, timing
-from jfa_prof.inputs import select_workload
+from jfa_prof.inputs import hsp_point, select_workload
 from jfa_prof.kernels import fwd
 from jfa_prof.kernels.attention import fwd_launch
 from jfa_prof.schedule import SCHEDULES, fwd_work_list
@@ -43,7 +43,7 @@ ap.add_argument("--points", nargs="+", metavar="LQ,MAX_KV,SPARSITY",
 ap.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
 args = ap.parse_args()
 try:
-    points = [(int(lq), int(kv), float(s)) for lq, kv, s in (p.split(",") for p in args.points)] if args.points else POINTS
+    points = [hsp_point(p) for p in args.points] if args.points else POINTS
 except ValueError:
     ap.error("--points takes LQ,MAX_KV,SPARSITY triples such as 128,1024,0.1")
 schedules = tuple(args.schedules)

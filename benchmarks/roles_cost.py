@@ -18,7 +18,7 @@ import statistics
 import torch
 
 from jfa_prof import timing
-from jfa_prof.inputs import GRIDS, select_workload, upstream_grad
+from jfa_prof.inputs import GRIDS, hsp_point, select_workload, upstream_grad
 from jfa_prof.kernels import fwd
 from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
 from jfa_prof.schedule import DEFAULT_SCHEDULE, fwd_work_list
@@ -36,7 +36,7 @@ args = ap.parse_args()
 if args.sample:
     LEVELS = LEVELS[:4] + ((f"roles_sample{args.sample}", 3),) + LEVELS[4:]
 if args.points:
-    points = [(int(lq), int(kv), float(s)) for lq, kv, s in (p.split(",") for p in args.points)]
+    points = [hsp_point(p) for p in args.points]
 else:
     points = [(w.Lq, w.max_kv, w.sparsity) for w in GRIDS["hsp"]]
 device = timing.require_gpu("the instrumentation cost benchmark")

@@ -14,7 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from jfa_prof.inputs import select_workload
+from jfa_prof.inputs import hsp_point, select_workload
 from jfa_prof.kernels import bwd, fwd
 from jfa_prof.recording import record_bwd_workload, record_workload
 from jfa_prof.trace import write_trace
@@ -25,8 +25,8 @@ ap.add_argument("--point", default="256,2048,0.5", metavar="LQ,MAX_KV,SPARSITY")
 ap.add_argument("--tag", default="", help="suffix of the file names, e.g. the commit")
 ap.add_argument("--builds", nargs="+", metavar="PASS:BUILD", help="only these, e.g. fwd:op bwd:plant-slow_dq")
 args = ap.parse_args()
-lq, kv, s = args.point.split(",")
-w = select_workload("hsp", Lq=int(lq), max_kv=int(kv), sparsity=float(s))
+lq, kv, s = hsp_point(args.point)
+w = select_workload("hsp", Lq=lq, max_kv=kv, sparsity=s)
 args.out_dir.mkdir(parents=True, exist_ok=True)
 command = shlex.join(["python", *sys.argv])
 

@@ -344,6 +344,12 @@ def find_workload(label: str) -> Workload:
     raise KeyError(f"no workload labelled {label!r} in GRIDS")
 
 
+def hsp_point(text: str) -> tuple[int, int, float]:
+    """An HSP point as the benchmark scripts take it on the command line: "LQ,MAX_KV,SPARSITY"."""
+    lq, max_kv, sparsity = text.split(",")
+    return int(lq), int(max_kv), float(sparsity)
+
+
 def select_workload(grid: str | None = None, *, Lq: int | None = None, max_kv: int | None = None,
                     sparsity: float | None = None, seed: int | None = None) -> Workload:
     """The first workload of `grid` (default "hsp") matching the fields given; the CLI's

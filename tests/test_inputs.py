@@ -181,3 +181,11 @@ def test_grids_follow_spec():
         hsp[0], Lq=256, max_kv=2048, sparsity=0.1)
     with pytest.raises(KeyError):
         find_workload("hsp Lq=7 max=1 s=1")
+
+
+def test_an_hsp_point_is_read_as_the_benchmark_scripts_take_it():
+    from jfa_prof.inputs import hsp_point
+
+    assert hsp_point("128,1024,0.1") == (128, 1024, 0.1)
+    with pytest.raises(ValueError):
+        hsp_point("128,1024")
