@@ -276,9 +276,17 @@ def _record_buffer(level, tile_capacity, n_ctas, roles, sites, sample, dynamic, 
     layout = records.Layout(tile_capacity=tile_capacity, n_ctas=n_ctas, n_roles=len(roles), n_sites=len(sites),
                             event_capacity=events)
     rec = torch.zeros(layout.total_words, dtype=torch.int64, device=device)
-    rec[records.Header.CAPACITY] = tile_capacity
-    rec[records.Header.SAMPLE] = sample if level >= 3 else 1
+    # Header words by fill kernels: `rec[i] = value` copies from pageable host memory, which waits
+    # for the GPU to drain, so the kernel then starts on an idle GPU, and that alone made the
+    # forward 2-3% slower at short-tile points on the H200
+    # (benchmarks/results/instrumentation/idle_start_*).
+    _fill_word(rec, records.Header.CAPACITY, tile_capacity)
+    _fill_word(rec, records.Header.SAMPLE, sample if level >= 3 else 1)
     return layout, rec
+
+
+def _fill_word(t: torch.Tensor, i: int, value: int) -> None:
+    t.narrow(0, int(i), 1).fill_(value)
 
 
 def _on_device(fn):

@@ -86,6 +86,39 @@ def test_forward_roles_in_time(cuda_device, schedule):
     assert parts["header"][Header.EVENTS_DROPPED] == 3 * (n_work - 100)
 
 
+@pytest.mark.parametrize("level", [1, 2, 3])
+def test_instrumented_launches_never_synchronize(cuda_device, level):
+    # A synchronizing step before the launch (a header word copied from the host) leaves the
+    # kernel to start on an idle GPU, which made it measurably slower: the buffer is set up on the
+    # device, and its header still says what the decoder needs.
+    import torch
+
+    from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
+    from jfa_prof.records import Header
+
+    torch.manual_seed(0)
+    q, k, v, _, kv_off = make_case(cuda_device, LENGTHS, H=2, H_kv=2, D=128, Lq=200)
+    common = dict(sm_scale=1 / math.sqrt(128), window=None, causal=False, broadcast_q=True, profile=level)
+    sample = 3 if level == 3 else 1
+
+    def step():
+        o, lse, rec, launch = fwd_launch(q, k, v, None, kv_off, q.shape[0], sample=sample, **common)
+        *_, brec, blaunch = bwd_launch_recorded(q, k, v, o, lse, torch.ones_like(o), None, kv_off, q.shape[0],
+                                                max(LENGTHS), **common)
+        return rec, launch, brec, blaunch
+
+    step()  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for rec, launch, want_sample in ((got[0], got[1], sample), (got[2], got[3], 1)):
+        header = launch.layout.split(rec.cpu().numpy())["header"]
+        assert header[Header.CAPACITY] == launch.layout.tile_capacity and header[Header.SAMPLE] == want_sample
+
+
 def test_forward_plants_keep_the_output(cuda_device):
     import torch
 

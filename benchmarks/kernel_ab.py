@@ -1,0 +1,156 @@
+"""Builds of one pass's kernel side by side in one process, at chosen instrumentation levels: other
+`kernels/fwd.py` or `kernels/bwd.py` files (e.g. from `git show REV:kernels/fwd.py`, or the
+checkout's with one change) against the checkout's, on HSP points and the dense shape.
+
+Every (build, level) is checked against the fp32 reference and bit for bit against the checkout at
+level 0 (the forward's O; the backward's dK and dV, since dQ's reduce-adds may add in any order),
+then the main kernel alone (CUPTI durations) is timed in rounds that alternate all of them; a
+figure is the median of its rounds, and `vs_checkout` is each one's time over the checkout's at
+level 0. Kernel-only figures: a diagnostic, not the op's time as called.
+
+    git show 8f96150:kernels/fwd.py > /tmp/fwd_before.py
+    python benchmarks/kernel_ab.py --pass fwd --build before=/tmp/fwd_before.py --levels 0 1 --out ab.json
+"""
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import sys
+
+import torch
+
+import jfa_prof.kernels as kernels_pkg
+from jfa_prof import bench, timing
+from jfa_prof.inputs import hsp_point, select_workload, upstream_grad
+from jfa_prof.kernels import bwd as checkout_bwd
+from jfa_prof.kernels import fwd as checkout_fwd
+from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
+from jfa_prof.schedule import DEFAULT_SCHEDULE, fwd_work_list
+
+POINTS = ("256,2048,0.5", "128,1024,0.1", "256,4096,0.9", "128,4096,0.9", "dense")
+CHECKOUT = {"fwd": checkout_fwd, "bwd": checkout_bwd}
+KERNEL = {"fwd": "_jfa_fwd", "bwd": "_jfa_bwd"}
+
+
+def parse_point(text):
+    if text == "dense":
+        return ("dense", None, None, None)
+    return ("hsp", *hsp_point(text))
+
+
+def load_builds(pass_name, specs):
+    """`LABEL=PATH` each: the kernel module at PATH, by label; 'checkout' is the tree's own."""
+    builds = {}
+    for i, spec in enumerate(specs):
+        label, sep, path = spec.partition("=")
+        if not sep or not label or label == "checkout" or label in builds:
+            raise SystemExit(f"--build {spec!r}: give LABEL=PATH, a new label other than 'checkout'")
+        mod_spec = importlib.util.spec_from_file_location(f"jfa_prof.kernels.{pass_name}_ab{i}", path)
+        builds[label] = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(builds[label])
+    return {**builds, "checkout": CHECKOUT[pass_name]}
+
+
+@contextlib.contextmanager
+def build(pass_name, module):
+    """The launchers import `jfa_prof.kernels.<pass>` when called: point that name at `module` meanwhile."""
+    name = f"jfa_prof.kernels.{pass_name}"
+    setattr(kernels_pkg, pass_name, module)
+    sys.modules[name] = module
+    try:
+        yield
+    finally:
+        setattr(kernels_pkg, pass_name, CHECKOUT[pass_name])
+        sys.modules[name] = CHECKOUT[pass_name]
+
+
+def runner(pass_name, w, x, n_ctas):
+    """A call of the pass's kernel at a profile level (the op's default schedule, for the forward a
+    prebuilt work list), returning the outputs compared bit for bit, and the reference's."""
+    scale = 1 / math.sqrt(w.D)
+    q_off = None if w.broadcast_q else x.q_offsets
+    common = dict(sm_scale=scale, window=None, causal=False, broadcast_q=w.broadcast_q)
+    if pass_name == "fwd":
+        wl = fwd_work_list(x.kv_offsets, q_off, x.max_seq_len_q, w.H, w.Lq if w.broadcast_q else None,
+                           block_m=checkout_fwd.BLOCK_M, window=None, causal=False, schedule=DEFAULT_SCHEDULE,
+                           n_ctas=n_ctas)
+
+        def run(level):
+            return fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, profile=level, work=wl,
+                              **common)[0]
+        return run, bench.reference_output(x, "fwd"), lambda out: out
+    o, lse, _, _ = fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **common)
+    do = upstream_grad(x, o)
+
+    def run(level):
+        return bwd_launch_recorded(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q,
+                                   x.max_seq_len_kv, profile=level, **common)[:3]
+    return run, bench.reference_output(x, "bwd"), lambda out: out[1:3]
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+def main(argv=None, default_pass=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    if default_pass is None:
+        ap.add_argument("--pass", dest="pass_name", choices=("fwd", "bwd"), required=True)
+    ap.add_argument("--build", action="append", default=[], metavar="LABEL=PATH",
+                    help="another kernel file of the pass, by label (repeatable)")
+    ap.add_argument("--levels", nargs="+", type=int, default=[0], help="profile levels to time each build at")
+    ap.add_argument("--build-levels", nargs="+", type=int,
+                    help="levels for the --build files only (default: --levels); the checkout is always timed at 0")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--points", nargs="+", metavar="LQ,MAX_KV,SPARSITY|dense",
+                    help="HSP points and / or the dense shape (default: four HSP points and dense)")
+    args = ap.parse_args(argv)
+    pass_name = default_pass or args.pass_name
+    builds = load_builds(pass_name, args.build)
+    device = timing.require_gpu("the kernel A/B benchmark")
+    n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
+    rows = []
+    for grid, lq, kv, s in (parse_point(p) for p in (args.points or POINTS)):
+        w = select_workload(grid, Lq=lq, max_kv=kv, sparsity=s)
+        x = w.make(device)
+        run, ref, compared = runner(pass_name, w, x, n_ctas)
+
+        def call(module, level):
+            with build(pass_name, module):
+                return run(level)
+
+        levels = {name: sorted(set(args.levels) | {0}) if name == "checkout" else (args.build_levels or args.levels)
+                  for name in builds}
+        calls = {f"{name}@{level}": (lambda m=m, lv=level: call(m, lv))
+                 for name, m in builds.items() for level in levels[name]}
+        base = compared(call(builds["checkout"], 0))
+        row = {"workload": w.label, "flops": x.flops(pass_name), "builds": {}}
+        for name, fn in calls.items():
+            out = fn()
+            row["builds"][name] = {"rel_err_vs_ref": bench.rel_err(out, ref),
+                                   "bitwise_equal_checkout_level0": same(compared(out), base)}
+        timed = timing.alternated(calls, args.rounds,
+                                  timer=lambda fn: timing.kernel_median_ms(fn, KERNEL[pass_name]))
+        for name, rounds in timed.items():
+            row["builds"][name].update(timing.rounds_summary(rounds, row["flops"]))
+        ref_ms = row["builds"]["checkout@0"]["ms"]
+        row["vs_checkout"] = {n: e["ms"] / ref_ms for n, e in row["builds"].items()}
+        rows.append(row)
+        print(f"{w.label:28s} " + "  ".join(
+            f"{n} {e['ms']:.4f} x{row['vs_checkout'][n]:.3f}"
+            + ("" if e["bitwise_equal_checkout_level0"] else " (differs)") for n, e in row["builds"].items()),
+            flush=True)
+    meta = timing.measurement_meta(command=" ".join(["python"] + sys.argv))
+    meta["timer"] = (f"CUPTI durations of {KERNEL[pass_name]}, median of 10 per round, median of alternated rounds "
+                     "(kernel only: a diagnostic)")
+    meta["builds"] = {label: getattr(m, "__file__", None) for label, m in builds.items()}
+    with open(args.out, "w") as fh:
+        json.dump({"meta": meta, "pass": pass_name, "levels": levels, "results": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
