@@ -18,12 +18,12 @@ def _script():
 
 def test_builds_load_by_label_beside_the_checkout(tmp_path):
     ab = _script()
+    # (A copy of kernels/fwd.py would also register its variants a second time in this process.)
     other = tmp_path / "fwd_other.py"
-    other.write_text((ROOT / "kernels/fwd.py").read_text())
+    other.write_text("BUILD = 'other'\n")
     builds = ab.load_builds("fwd", [f"other={other}"])
     assert list(builds) == ["other", "checkout"]
-    assert builds["checkout"] is ab.CHECKOUT["fwd"] and builds["other"] is not builds["checkout"]
-    assert hasattr(builds["other"], "_jfa_fwd")
+    assert builds["checkout"] is ab.CHECKOUT["fwd"] and builds["other"].BUILD == "other"
 
 
 @pytest.mark.parametrize("spec", ["no-equals-sign", "=path.py", "checkout=kernels/fwd.py"])
