@@ -113,6 +113,8 @@ def main(argv=None, default_pass=None):
     builds = load_builds(pass_name, args.build)
     device = timing.require_gpu("the kernel A/B benchmark")
     n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
+    levels = {name: sorted(set(args.levels) | {0}) if name == "checkout" else (args.build_levels or args.levels)
+              for name in builds}
     rows = []
     for grid, lq, kv, s in (parse_point(p) for p in (args.points or POINTS)):
         w = select_workload(grid, Lq=lq, max_kv=kv, sparsity=s)
@@ -123,8 +125,6 @@ def main(argv=None, default_pass=None):
             with build(pass_name, module):
                 return run(level)
 
-        levels = {name: sorted(set(args.levels) | {0}) if name == "checkout" else (args.build_levels or args.levels)
-                  for name in builds}
         calls = {f"{name}@{level}": (lambda m=m, lv=level: call(m, lv))
                  for name, m in builds.items() for level in levels[name]}
         base = compared(call(builds["checkout"], 0))
