@@ -89,12 +89,6 @@ def runner(pass_name, w, x, n_ctas):
     return run, bench.reference_output(x, "bwd"), lambda out: out[1:3]
 
 
-def same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    return all(torch.equal(p, q) for p, q in zip(a, b))
-
-
 def main(argv=None, default_pass=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     if default_pass is None:
@@ -132,7 +126,7 @@ def main(argv=None, default_pass=None):
         for name, fn in calls.items():
             out = fn()
             row["builds"][name] = {"rel_err_vs_ref": bench.rel_err(out, ref),
-                                   "bitwise_equal_checkout_level0": same(compared(out), base)}
+                                   "bitwise_equal_checkout_level0": bench.bitwise_equal(compared(out), base)}
         timed = timing.alternated(calls, args.rounds,
                                   timer=lambda fn: timing.kernel_median_ms(fn, KERNEL[pass_name]))
         for name, rounds in timed.items():

@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from jfa_prof import timing
+from jfa_prof import bench, timing
 from jfa_prof.inputs import GRIDS, hsp_point, select_workload, upstream_grad
 from jfa_prof.kernels import fwd
 from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
@@ -69,12 +69,6 @@ def bwd_runner(w, x):
     return run, "_jfa_bwd"
 
 
-def same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    return all(torch.equal(p, q) for p, q in zip(a, b))
-
-
 command = (f"python benchmarks/roles_cost.py --out {args.out} --passes {' '.join(args.passes)} --rounds {args.rounds}"
            f" --launches {args.launches}" + (" --points " + " ".join(args.points) if args.points else "")
            + (f" --sample {args.sample}" if args.sample else ""))
@@ -101,7 +95,7 @@ for pass_ in args.passes:
         calls = {name: (lambda p=p, n=name: run(p, args.sample if n.startswith("roles_sample") else 1))
                  for name, p in LEVELS}
         row = {"pass": pass_, "workload": w.label,
-               "bitwise_equal_levels": all(same(calls[name](), base) for name, p in LEVELS if p)}
+               "bitwise_equal_levels": all(bench.bitwise_equal(calls[name](), base) for name, p in LEVELS if p)}
         rounds = timing.alternated(calls, args.rounds,
                                    timer=lambda fn: timing.kernel_median_ms(fn, kernel, n=args.launches))
         k = {name: statistics.median(r) for name, r in rounds.items()}

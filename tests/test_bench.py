@@ -392,3 +392,12 @@ def test_run_bench_records_the_time_split(cuda_device, pass_):
     assert 0 <= s["idle_share"] < 1 and s["blocks_share"] > 0.2
     # The recording's makespan is the instrumented kernel (CUPTI), less its launch ramp.
     assert 0.7 < s["makespan_ns"] / 1e6 / s["kernel_ms"] <= 1.01
+
+
+def test_bitwise_equal_tells_one_flipped_bit_and_compares_part_by_part():
+    a = torch.randn(4, 3, dtype=torch.bfloat16)
+    b = a.clone()
+    assert bench.bitwise_equal(a, b) and bench.bitwise_equal((a, a), (b, b))
+    b.view(torch.int16)[1, 2] ^= 1
+    assert not bench.bitwise_equal(a, b) and not bench.bitwise_equal((a, a), (a, b))
+    assert not bench.bitwise_equal((a, a), (a, ))

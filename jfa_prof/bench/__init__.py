@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from jfa_prof.ablations import PASSES, check_pass  # noqa: F401 - check_pass
-from jfa_prof.bench.checks import DEFAULT_TOL, reference_output, rel_err  # noqa: F401 - DEFAULT_TOL
+from jfa_prof.bench.checks import DEFAULT_TOL, bitwise_equal, reference_output, rel_err  # noqa: F401 - DEFAULT_TOL
 from jfa_prof.bench.impls import Impl, impl_kind, jfa_impls
 from jfa_prof.bench.limits import TARGETS, record_split
 from jfa_prof.bench.peers import (PEER_NOTES, PEERS, PeerStatus, document_block_mask, peer_impls,  # noqa: F401
@@ -27,9 +27,9 @@ from jfa_prof.bench.run import fwd_host_breakdown, impl_names, run_bench, select
 
 # As the single module had it; check_pass, DEFAULT_TOL, PEER_NOTES, FORMAT, FRAME_COLUMNS,
 # results_document and the names in __getattr__ are public here too, without being star-imported.
-__all__ = ["PASSES", "PEERS", "TARGETS", "BenchResults", "Impl", "PeerStatus", "document_block_mask", "fwd_host_breakdown",
-           "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status", "reference_output",
-           "record_split", "rel_err", "run_bench", "select_workloads", "upstream_grad"]
+__all__ = ["PASSES", "PEERS", "TARGETS", "BenchResults", "Impl", "PeerStatus", "bitwise_equal", "document_block_mask",
+           "fwd_host_breakdown", "impl_kind", "impl_names", "jfa_impls", "load_results", "peer_impls", "peer_status",
+           "reference_output", "record_split", "rel_err", "run_bench", "select_workloads", "upstream_grad"]
 
 
 def __getattr__(name: str) -> Any:

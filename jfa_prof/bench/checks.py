@@ -5,7 +5,7 @@ import math
 
 from jfa_prof.bench.impls import _scale
 
-__all__ = ["DEFAULT_TOL", "reference_output", "rel_err"]
+__all__ = ["DEFAULT_TOL", "bitwise_equal", "reference_output", "rel_err"]
 
 # bf16 operands land between 1e-3 and 1e-2 against an fp32 reference; more is a wrong kernel.
 DEFAULT_TOL = 1e-2
@@ -39,3 +39,13 @@ def reference_output(x, pass_: str = "fwd"):
     if pass_ == "fwd":
         return o
     return torch.autograd.grad(o, leaves, upstream_grad(x, o).float())
+
+
+def bitwise_equal(out, ref) -> bool:
+    """Bit for bit the same: two tensors, or two sequences of tensors part by part (as the
+    instrumented and plain builds of one kernel must be)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return torch.equal(out, ref)
+    return len(out) == len(ref) and all(torch.equal(p, q) for p, q in zip(out, ref))
