@@ -1,6 +1,7 @@
 """Trace-event JSON and the Gantt: structure, units and downsampling; level-3 role rows and flows."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -10,6 +11,7 @@ import pytest
 
 import tracegen
 from jfa_prof.records import BWD_ROLES, BWD_SITES, FWD_ROLES, FWD_SITES, ROLE_SITES
+from jfa_prof.render import timeline
 from jfa_prof.render.timeline import chrome_trace, event_counts, gantt_bars, gantt_figure, write_chrome_trace
 from jfa_prof.trace import SPAN_COLUMNS, TILE_COLUMNS, WAIT_COLUMNS, trace_from_buffer
 
@@ -360,6 +362,47 @@ def test_level3_of_100k_tiles_is_built_and_written_in_seconds(tmp_path):
     assert doc["metadata"]["counts"] == {"tiles": n, "sms": n_ctas, "events": 3 * n, "flows": 2 * n}
     assert path.stat().st_size > 100e6
     assert took < 5.0, f"{took:.1f} s"
+
+
+def test_level3_written_in_parts_holds_the_same_events_parents_first(tmp_path, monkeypatch):
+    """Forked formatters write the same events as one process, and in each part a tile's slice
+    still comes before the wait slices inside it."""
+    n = 300
+    rng = np.random.default_rng(1)
+    ev = fwd_events(n, 7, sm_of_cta=np.arange(7), waits=lambda role: {
+        s: rng.integers(1, 12, n) * (rng.random(n) < 0.5) for s in ROLE_SITES["fwd"][role]})
+    doc = level3_doc(ev)
+    one = json.loads(write_chrome_trace(doc, tmp_path / "one.json").read_text())
+    monkeypatch.setattr(timeline, "_PARALLEL_LINES", 0)
+    monkeypatch.setattr(timeline, "_MAX_PARTS", 3)
+    monkeypatch.setattr(timeline.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    parts = json.loads(write_chrome_trace(doc, tmp_path / "parts.json").read_text())
+    assert {k: v for k, v in parts.items() if k != "traceEvents"} == {k: v for k, v in one.items() if k != "traceEvents"}
+    key = lambda e: json.dumps(e, sort_keys=True)  # noqa: E731
+    assert sorted(map(key, parts["traceEvents"])) == sorted(map(key, one["traceEvents"]))
+    assert parts["traceEvents"] != one["traceEvents"]  # it was written in parts: the order differs
+    events = parts["traceEvents"]
+    lane_tiles: dict[tuple[int, int], list[tuple[float, float, int]]] = {}
+    for i, e in enumerate(events):
+        if e.get("cat") == "tile":
+            lane_tiles.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"], i))
+    waits = [(i, e) for i, e in enumerate(events) if e.get("cat") == "wait"]
+    assert len(waits) > n
+    for i, e in waits:
+        parent = [j for lo, hi, j in lane_tiles[e["pid"], e["tid"]] if lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1e-9]
+        assert len(parent) == 1 and parent[0] < i, e
+
+
+def test_level3_a_failed_part_fails_the_write_and_leaves_no_file(tmp_path, monkeypatch):
+    doc = level3_doc(fwd_events(40, 4, sm_of_cta=np.arange(4)))
+    events = doc["traceEvents"]
+    # a format its column cannot fill: the error is raised in a child
+    events.jobs[-1] = dataclasses.replace(events.jobs[-1], fmt=events.jobs[-1].fmt.replace("%d", "%z", 1))
+    monkeypatch.setattr(timeline, "_PARALLEL_LINES", 0)
+    monkeypatch.setattr(timeline.os, "sched_getaffinity", lambda pid: {0, 1})
+    with pytest.raises(ValueError, match="unsupported format character"):
+        write_chrome_trace(doc, tmp_path / "t.json")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_gantt_lanes_from_event_records():

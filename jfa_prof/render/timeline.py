@@ -12,8 +12,13 @@ slices, and flow arrows lead from the producer's hand-off of a tile to each rece
 """
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing as mp
 import os
+import sys
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping, Sequence
 
@@ -162,44 +167,173 @@ _WAIT_NOTE = "per-tile sum, placed back to back"
 
 
 class EncodedEvents(Sequence):
-    """Trace events kept as JSON text, one object per entry, behind a few decoded ones (metadata).
+    """Trace events written as JSON text straight from their columns, behind a few decoded ones
+    (metadata).
 
-    A level-3 timeline has millions of events; formatting their text straight from the columns
-    is several times faster than building a dict per event and encoding it. Indexing and
-    iterating decode, so a small document reads like the list of dicts it stands for.
+    A level-3 timeline has millions of events; formatting their text from the columns is several
+    times faster than building a dict per event and encoding it, and it is the bulk of a write, so
+    :meth:`write_json` spreads it over processes. Indexing and iterating format and decode, so a
+    small document reads like the list of dicts it stands for.
     """
 
-    def __init__(self, head: list[dict[str, Any]], lines: list[str]):
+    def __init__(self, head: list[dict[str, Any]], jobs: list[_Lines], n_records: int):
         self.head = head
-        self.lines = lines
+        self.jobs = jobs
+        self.n_records = n_records
+        self.n_lines = sum(len(j.at) for j in jobs)
+        self._lines: list[str] | None = None
 
     def __len__(self) -> int:
-        return len(self.head) + len(self.lines)
+        return len(self.head) + self.n_lines
+
+    def _decoded(self) -> list[str]:
+        if self._lines is None:
+            self._lines = _format_part(self.jobs, _cuts(self.jobs, self.n_records, 1), 0)
+        return self._lines
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = range(len(self))[i]  # negative indices, IndexError past the end
-        return self.head[i] if i < len(self.head) else json.loads(self.lines[i - len(self.head)])
+        return self.head[i] if i < len(self.head) else json.loads(self._decoded()[i - len(self.head)])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         yield from self.head
-        for line in self.lines:
+        for line in self._decoded():
             yield json.loads(line)
 
-    def write_json(self, f: IO[bytes], chunk: int = 100_000) -> None:
-        """Write the events as one JSON array, a chunk of lines at a time: joining and encoding
-        hundreds of megabytes at once costs as much again as writing them."""
-        lines = [json.dumps(e, separators=(",", ":")) for e in self.head] + self.lines
-        f.write(b"[")
-        for i in range(0, len(lines), chunk):
-            f.write((",\n" if i else "").encode() + ",\n".join(lines[i:i + chunk]).encode())
+    def write_json(self, f: IO[bytes]) -> None:
+        """Write the events as one JSON array: past ``_PARALLEL_LINES`` events, formatted by as
+        many forked processes as this process may run on (at most ``_MAX_PARTS``), each writing its
+        own stretch of the file."""
+        head = ",\n".join(json.dumps(e, separators=(",", ":")) for e in self.head).encode()
+        parts = _parts(self.n_lines)
+        cuts = _cuts(self.jobs, self.n_records, parts)
+        f.write(b"[" + head)
+        if parts == 1:
+            text = ",\n".join(_format_part(self.jobs, cuts, 0)).encode()
+            f.write(_SEP + text if head and text else text)
+        else:
+            f.flush()
+            f.seek(_write_parts(f.fileno(), f.tell(), self.jobs, cuts, after_head=bool(head)))
         f.write(b"]")
 
 
-def _fmt_rows(fmt: str, *cols: np.ndarray) -> list[str]:
-    """``fmt % row`` for every row of the columns: the one per-event Python step."""
-    return [fmt % row for row in zip(*(np.asarray(c).tolist() for c in cols))]
+@dataclass(frozen=True)
+class _Lines:
+    """Events of one kind as text: ``fmt % row`` for each row of ``cols``; ``at`` (non-decreasing)
+    holds the index of the event record each row comes from."""
+    fmt: str
+    at: np.ndarray
+    cols: tuple[np.ndarray, ...]
+
+
+# Below this many events one process formats them all: forking costs more than it saves.
+_PARALLEL_LINES = 200_000
+_MAX_PARTS = 8
+
+
+def _parts(n_lines: int) -> int:
+    if n_lines < _PARALLEL_LINES or sys.platform != "linux":
+        return 1
+    return max(1, min(_MAX_PARTS, len(os.sched_getaffinity(0))))
+
+
+def _cuts(jobs: list[_Lines], n_records: int, parts: int) -> list[np.ndarray]:
+    """Where each job's rows split into ``parts`` stretches of event records. Part k holds, job
+    after job, the lines of the k-th stretch: a record's tile slice still comes before its wait
+    slices (Perfetto nests slices of equal start in file order), and a flow's start before its end."""
+    bounds = np.linspace(0, n_records, parts + 1).round().astype(np.int64)
+    return [np.searchsorted(j.at, bounds) for j in jobs]
+
+
+def _format_part(jobs: list[_Lines], cuts: list[np.ndarray], k: int) -> list[str]:
+    lines: list[str] = []
+    for job, cut in zip(jobs, cuts):
+        lo, hi = cut[k], cut[k + 1]
+        lines += [job.fmt % row for row in zip(*(np.asarray(c)[lo:hi].tolist() for c in job.cols))]
+    return lines
+
+
+def _write_parts(fd: int, offset: int, jobs: list[_Lines], cuts: list[np.ndarray], *, after_head: bool) -> int:
+    """Format the parts in forked processes, each writing its text at its place in ``fd`` (from
+    ``offset``), and return where the text ends. A part's place is known once every earlier part
+    has its length, so each child formats, reports its length, is told its place and writes: the
+    text is never copied between processes."""
+    ctx = mp.get_context("fork")
+    links = []
+    gc.freeze()  # the children's collector then leaves the inherited heap's pages shared
+    try:
+        # The children only format text from inherited arrays and write it: they take no lock
+        # another thread of this process could hold, so forking a threaded process is safe here.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
+            for k in range(len(cuts[0]) - 1):
+                here, there = ctx.Pipe()
+                child = ctx.Process(target=_write_part, args=(there, fd, jobs, cuts, k), daemon=True)
+                child.start()
+                there.close()
+                links.append((here, child))
+    finally:
+        gc.unfreeze()
+    try:
+        first = not after_head
+        sizes = [_reply(here) for here, _ in links]
+        for (here, _), size in zip(links, sizes):
+            if not size:
+                here.send(None)
+                continue
+            sep = 0 if first else len(_SEP)
+            here.send((offset, sep))
+            offset += sep + size
+            first = False
+        for here, _ in links:
+            _reply(here)
+    finally:
+        for here, child in links:
+            here.close()
+            child.join()
+    return offset
+
+
+_SEP = b",\n"
+
+
+def _write_part(conn, fd: int, jobs: list[_Lines], cuts: list[np.ndarray], k: int) -> None:
+    """A child's part: format, report the length, write where told (with a separator before it if
+    told so), report done; an error goes back to the parent in place of a reply."""
+    gc.disable()
+    try:
+        text = ",\n".join(_format_part(jobs, cuts, k)).encode()
+        conn.send(len(text))
+        place = conn.recv()
+        if place is not None:
+            at, sep = place
+            _pwrite_all(fd, _SEP[:sep], at)
+            _pwrite_all(fd, text, at + sep)
+        conn.send(None)
+    except BaseException as err:  # noqa: BLE001 - every failure is the parent's to raise
+        try:
+            conn.send(err)
+        except OSError:
+            pass  # the parent has gone, or given up on this part already
+
+
+def _reply(conn):
+    try:
+        msg = conn.recv()
+    except EOFError:
+        raise RuntimeError("a trace-formatting process ended without its part") from None
+    if isinstance(msg, BaseException):
+        raise msg
+    return msg
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
 
 
 def _key(name: str) -> str:
@@ -236,47 +370,49 @@ def _role_event_trace(ev: pd.DataFrame, *, sites: Sequence[str], pass_: str, rol
         head.append({"ph": "M", "name": "thread_sort_index", "pid": p, "tid": t, "args": {"sort_index": t}})
 
     # Parents before children: Perfetto nests slices of equal start in file order.
-    lines = _tile_slices(ev, pid, tid, sites, pass_)
-    lines += _wait_slices(ev, pid, tid, sites, limit=np.where(receiver, mark, end))
+    jobs = _tile_slices(ev, pid, tid, sites, pass_)
+    jobs += _wait_slices(ev, pid, tid, sites, limit=np.where(receiver, mark, end))
     # a receiver's mark is the end of its main loop
-    lines += _fmt_rows('{"ph":"X","cat":"epilogue","name":"epilogue","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f}',
-                       pid[receiver], tid[receiver], mark[receiver] / 1e3, (end - mark)[receiver] / 1e3)
-    flows = _flows(ev, pid, tid, pass_)
-    lines += flows
+    rows = np.flatnonzero(receiver)
+    jobs.append(_Lines('{"ph":"X","cat":"epilogue","name":"epilogue","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f}', rows,
+                       (pid[rows], tid[rows], mark[rows] / 1e3, (end - mark)[rows] / 1e3)))
+    flow_start, flow_end = _flows(ev, pid, tid, pass_)
+    events = EncodedEvents(head, jobs + [flow_start, flow_end], len(ev))
 
-    doc: dict[str, Any] = {"traceEvents": EncodedEvents(head, lines), "displayTimeUnit": "ns"}
+    doc: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ns"}
     doc["metadata"] = {**(_doc_metadata(meta) if meta is not None else {}), "waits": WAIT_PLACEMENT,
                        "counts": {"tiles": int(ev["pos"].nunique()), "sms": len(np.unique(pid)), "events": len(ev),
-                                  "flows": len(flows) // 2}}
+                                  "flows": len(flow_start.at)}}
     return doc
 
 
-def _tile_slices(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, sites: Sequence[str], pass_: str) -> list[str]:
+def _tile_slices(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, sites: Sequence[str], pass_: str) -> list[_Lines]:
     """One "X" slice per event record, named by its tile, with its waits per site in µs."""
-    known = ev["tile"].to_numpy() >= 0
-    names = np.empty(len(ev), dtype=object)
-    names[known] = _fmt_rows("tile %d (b %d h %d blk %d)", *(ev[c][known] for c in ("tile", "batch", "head", "block")))
-    names[~known] = _fmt_rows("pos %d (no tile record)", ev["pos"][~known])
+    col = {c: ev[c].to_numpy() for c in ("pos", "tile", "batch", "head", "block", "kv_len", "n_blocks", "dur_cycles")}
+    known = col["tile"] >= 0
     start = ev["start_ns"].to_numpy(np.int64)
     dur_us = (ev["end_ns"].to_numpy(np.int64) - start) / 1e3
     mark_us = (ev["mark_ns"].to_numpy(np.int64) - start) / 1e3
-    lines: list[str] = []
+    names = (('"tile %d (b %d h %d blk %d)"', ("tile", "batch", "head", "block"), known),
+             ('"pos %d (no tile record)"', ("pos",), ~known))
+    jobs: list[_Lines] = []
     for role, idx in ev.groupby("role", sort=False).indices.items():
         # each role's own sites: the others are zero for it by construction
         role_sites = [s for s in ROLE_SITES.get(pass_, {}).get(role, sites) if s in sites]
         waits = ",".join(f"{_key(s)}:%.3f" for s in role_sites)
-        fmt = ('{"ph":"X","cat":"tile","name":"%s","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"pos":%d,'
-               '"batch":%d,"head":%d,"block":%d,"kv_len":%d,"n_blocks":%d,"dur_cycles":%d,"mark_us":%.3f,'
-               '"wait_us":{' + waits + '}}}')
-        r = ev.iloc[idx]
-        lines += _fmt_rows(fmt, names[idx], pid[idx], tid[idx], start[idx] / 1e3, dur_us[idx],
-                           *(r[c] for c in ("pos", "batch", "head", "block", "kv_len", "n_blocks", "dur_cycles")),
-                           mark_us[idx], *(r[f"wait_{s}_ns"] / 1e3 for s in role_sites))
-    return lines
+        body = (',"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"pos":%d,"batch":%d,"head":%d,"block":%d,'
+                '"kv_len":%d,"n_blocks":%d,"dur_cycles":%d,"mark_us":%.3f,"wait_us":{' + waits + '}}}')
+        for name, name_cols, has in names:
+            rows = idx[has[idx]]
+            jobs.append(_Lines('{"ph":"X","cat":"tile","name":' + name + body, rows, (
+                *(col[c][rows] for c in name_cols), pid[rows], tid[rows], start[rows] / 1e3, dur_us[rows],
+                *(col[c][rows] for c in ("pos", "batch", "head", "block", "kv_len", "n_blocks", "dur_cycles")),
+                mark_us[rows], *(ev[f"wait_{s}_ns"].to_numpy()[rows] / 1e3 for s in role_sites))))
+    return jobs
 
 
 def _wait_slices(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, sites: Sequence[str], *,
-                 limit: np.ndarray) -> list[str]:
+                 limit: np.ndarray) -> list[_Lines]:
     """A child slice per site a role waited at within a tile: the per-tile sums laid back to back
     from the tile's start (WAIT_PLACEMENT), cut at ``limit`` so they nest inside their parent and
     before a receiver's epilogue."""
@@ -289,17 +425,17 @@ def _wait_slices(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, sites: Sequ
     ends = start[:, None] + np.cumsum(waited, axis=1)
     hi = np.minimum(ends, limit[:, None])
     lo = np.minimum(ends - waited, hi)
-    lines: list[str] = []
+    jobs: list[_Lines] = []
     for j, site in enumerate(order):
-        keep = hi[:, j] > lo[:, j]
+        rows = np.flatnonzero(hi[:, j] > lo[:, j])
         fmt = ('{"ph":"X","cat":"wait","name":' + _key(f"wait {site}") + ',"pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
                '"args":{"cycles":%d,"placed":' + _key(_WAIT_NOTE) + '}}')
-        lines += _fmt_rows(fmt, pid[keep], tid[keep], lo[keep, j] / 1e3, (hi[keep, j] - lo[keep, j]) / 1e3,
-                           ev[f"wait_{site}"].to_numpy()[keep])
-    return lines
+        jobs.append(_Lines(fmt, rows, (pid[rows], tid[rows], lo[rows, j] / 1e3, (hi[rows, j] - lo[rows, j]) / 1e3,
+                                       ev[f"wait_{site}"].to_numpy()[rows])))
+    return jobs
 
 
-def _flows(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, pass_: str) -> list[str]:
+def _flows(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, pass_: str) -> tuple[_Lines, _Lines]:
     """Flow arrows ("s" then "f" events, one id per pair) from the producer's hand-off of a tile
     to the moment each receiving role of its CTA has it. Forward: from the producer's mark (the
     tile posted to both mailboxes) to the end of the consumer's mailbox wait. Backward: the producer
@@ -310,19 +446,22 @@ def _flows(ev: pd.DataFrame, pid: np.ndarray, tid: np.ndarray, pass_: str) -> li
         arrive = arrive + np.rint(ev[f"wait_{_MAILBOX_SITE}_ns"].to_numpy(np.float64)).astype(np.int64)
     posted = ev["mark_ns" if pass_ == "fwd" else "start_ns"].to_numpy(np.int64)
     ends = pd.DataFrame({"cta": ev["cta"].to_numpy(), "pos": ev["pos"].to_numpy(), "pid": pid, "tid": tid,
-                         "mark": posted, "arrive": arrive})
+                         "mark": posted, "arrive": arrive, "row": np.arange(len(ev))})
     sender = (ev["role"] == _SENDER).to_numpy()
     pairs = ends[sender].merge(ends[~sender], on=["cta", "pos"], suffixes=("_s", "_f"))
+    pairs = pairs.sort_values("row_s", kind="stable")
     # Forward: the mark follows the second post, so consumer 0 may have its tile already: an arrow
     # never points back in time.
-    pairs["mark_s"] = np.minimum(pairs["mark_s"], pairs["arrive_f"])
+    mark_s = np.minimum(pairs["mark_s"].to_numpy(), pairs["arrive_f"].to_numpy())
     ids = np.arange(1, len(pairs) + 1)
+    at = pairs["row_s"].to_numpy()
     name = _key(_FLOW_NAMES.get(pass_, "tile handed over"))
     begin = '{"ph":"s","cat":"flow","name":' + name + ',"id":%d,"pid":%d,"tid":%d,"ts":%.3f}'
     # binding point "e": the arrow ends on the slice enclosing its time, not on the next one to start
     finish = '{"ph":"f","bp":"e","cat":"flow","name":' + name + ',"id":%d,"pid":%d,"tid":%d,"ts":%.3f}'
-    return (_fmt_rows(begin, ids, pairs["pid_s"], pairs["tid_s"], pairs["mark_s"] / 1e3) +
-            _fmt_rows(finish, ids, pairs["pid_f"], pairs["tid_f"], pairs["arrive_f"] / 1e3))
+    return (_Lines(begin, at, (ids, pairs["pid_s"].to_numpy(), pairs["tid_s"].to_numpy(), mark_s / 1e3)),
+            _Lines(finish, at, (ids, pairs["pid_f"].to_numpy(), pairs["tid_f"].to_numpy(),
+                                pairs["arrive_f"].to_numpy() / 1e3)))
 
 
 def gantt_bars(tiles: pd.DataFrame, *, events: pd.DataFrame | None = None, sm_range: tuple[int, int] = (0, 16),
