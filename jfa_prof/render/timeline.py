@@ -186,7 +186,7 @@ class EncodedEvents(Sequence):
     def __len__(self) -> int:
         return len(self.head) + self.n_lines
 
-    def _decoded(self) -> list[str]:
+    def _formatted(self) -> list[str]:
         if self._lines is None:
             self._lines = _format_part(self.jobs, _cuts(self.jobs, self.n_records, 1), 0)
         return self._lines
@@ -195,11 +195,11 @@ class EncodedEvents(Sequence):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         i = range(len(self))[i]  # negative indices, IndexError past the end
-        return self.head[i] if i < len(self.head) else json.loads(self._decoded()[i - len(self.head)])
+        return self.head[i] if i < len(self.head) else json.loads(self._formatted()[i - len(self.head)])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         yield from self.head
-        for line in self._decoded():
+        for line in self._formatted():
             yield json.loads(line)
 
     def write_json(self, f: IO[bytes]) -> None:
