@@ -137,7 +137,7 @@ def _bwd_launcher(x, schedule: str, dq: str | None = None, profile: int = 0) -> 
 BWD_DQ = {"tma": ("tma", 2), "tma1": ("tma", 1), "atomic": ("atomic", 1)}
 
 
-DEFAULT_DQ_NAME = "tma"  # the ``--dq`` name of the reduction the op uses (``jfa_prof.kernels.bwd.DEFAULT_DQ``)
+DEFAULT_DQ_NAME = "tma1"  # the ``--dq`` name of the reduction the op uses (``jfa_prof.kernels.bwd.DEFAULT_DQ``)
 
 
 def bwd_dq(name: str) -> tuple[str, int]:

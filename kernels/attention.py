@@ -438,9 +438,10 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     for name, given, like, like_name in (("dk_out", dk_out, k, "k"), ("dv_out", dv_out, v, "v")):
         if given is not None and given.shape != like.shape:
             raise ValueError(f"{name} must be shaped like {like_name}: {tuple(given.shape)} != {tuple(like.shape)}")
-    # dK / dV are written row-major; a given buffer that is not gets the result copied in.
-    dk = dk_out if dk_out is not None and dk_out.is_contiguous() else torch.empty(k.shape, dtype=k.dtype, device=dev)
-    dv = dv_out if dv_out is not None and dv_out.is_contiguous() else torch.empty(v.shape, dtype=v.dtype, device=dev)
+    # dK / dV are written row-major, by TMA (which needs a 16-byte aligned start); a given buffer that
+    # is not either gets the result copied in.
+    dk = dk_out if _tma_writable(dk_out) else torch.empty(k.shape, dtype=k.dtype, device=dev)
+    dv = dv_out if _tma_writable(dv_out) else torch.empty(v.shape, dtype=v.dtype, device=dev)
     if rows_q == 0 or k.shape[0] == 0 or total_rows == 0:
         # No query row sees a key: every gradient is zero, and nothing is launched.
         dk.zero_()
@@ -501,6 +502,10 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
     dq_out = dq_acc[:rows_q].view(rows_q, H, D).to(q.dtype)
     return (dq_out, _copied_into(dk_out, dk), _copied_into(dv_out, dv), (rec if profile else None),
             BwdLaunch(grid, layout, dq_mode, schedule))
+
+
+def _tma_writable(t) -> bool:
+    return t is not None and t.is_contiguous() and t.data_ptr() % 16 == 0
 
 
 def _copied_into(given, result):

@@ -96,7 +96,7 @@ DQ_MODES = {"atomic": 0, "tma": 1, "none": 2}
 DQ_ATOMIC = tl.constexpr(DQ_MODES["atomic"])
 DQ_TMA = tl.constexpr(DQ_MODES["tma"])
 DQ_NONE = tl.constexpr(DQ_MODES["none"])
-DEFAULT_DQ_STAGES = 2
+DEFAULT_DQ_STAGES = 1
 
 
 # How the op reduces dQ, broadcast-Q (every tile adds into the same rows) and jagged Q alike: the TMA
@@ -112,6 +112,7 @@ ABLATIONS = {
     "dq_no_reduce": (2, "dQ computed and written with plain stores instead of atomic / TMA adds: the same "
                         "bytes move, nothing is summed"),
     "no_mask": (4, "no mask arithmetic (sequence end, window, causal) on the recomputed P"),
+    "no_dkv_store": (32, "dK and dV staged in shared memory but never written to global memory"),
 }
 # Planted bottlenecks (a known cause for a diagnosis to find); same door as the ablations, the
 # gradients stay right.
@@ -376,13 +377,13 @@ def _add_dq_atomic(dq_ptr, dq_t, H, h, col0, q_row, m_ok, HEAD_DIM: tl.constexpr
 
 
 @triton.jit
-def _store_rows(buf, row0: tl.constexpr, ptr, row_stride, n_rows, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Rows [row0, row0 + min(n_rows, ROWS)) of a [*, HEAD_DIM] shared-memory tile to `ptr`, _STORE_ROWS
+def _store_rows(buf, row0: tl.constexpr, ptr, row_stride, n_rows, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Rows [row0, row0 + min(n_rows, ROWS)) of a [*, COLS] shared-memory tile to `ptr`, _STORE_ROWS
     rows at a time (a chunk's pointers fit in a few registers)."""
-    cols = tl.arange(0, HEAD_DIM)
+    cols = tl.arange(0, COLS)
     for c in tl.static_range(ROWS // _STORE_ROWS):
         rows = c * _STORE_ROWS + tl.arange(0, _STORE_ROWS)
-        chunk = tlx.local_load(tlx.local_slice(buf, [row0 + c * _STORE_ROWS, 0], [_STORE_ROWS, HEAD_DIM]))
+        chunk = tlx.local_load(tlx.local_slice(buf, [row0 + c * _STORE_ROWS, 0], [_STORE_ROWS, COLS]))
         tl.store(ptr + rows[:, None] * row_stride + cols[None, :], chunk, mask=(rows < n_rows)[:, None])
 
 
@@ -407,12 +408,22 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     do_desc = tma.descriptor(do_desc, total_rows, H * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
     if DQ_MODE == DQ_TMA:
         dq_desc = tma.descriptor(dq_desc, q_rows, H * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
+    # dK / dV: [kv_rows, dkv_heads * HEAD_DIM], row-major (made by the op).
+    dk_desc = tma.descriptor(dk_ptr, kv_rows, dkv_heads * HEAD_DIM, dkv_heads * HEAD_DIM, BLOCK_N // 2, HEAD_DIM)
+    dv_desc = tma.descriptor(dv_ptr, kv_rows, dkv_heads * HEAD_DIM, dkv_heads * HEAD_DIM, BLOCK_N // 2, BLOCK_M)
     dtype: tl.constexpr = tlx.dtype_of(q_desc)
     NO_DQ: tl.constexpr = (ABLATE & 1) != 0 or DQ_MODE == DQ_NONE
     NO_REDUCE: tl.constexpr = (ABLATE & 2) != 0
     NO_MASK: tl.constexpr = (ABLATE & 4) != 0
     SLOW_PRODUCER: tl.constexpr = (ABLATE & 8) != 0
     SLOW_DQ: tl.constexpr = (ABLATE & 16) != 0
+    NO_DKV_STORE: tl.constexpr = (ABLATE & 32) != 0
+    # Where shared memory allows (not beside two fp32 dQ staging buffers), dK and dV leave through
+    # buffers of their own, by TMA, so that K and V are released when the step loop ends: dK through
+    # a [BLOCK_N, HEAD_DIM] buffer, dV through the dS^T slots (HEAD_DIM // BLOCK_M column blocks of
+    # BLOCK_M). Else through the K and V buffers, by the threads.
+    STAGE_DKV: tl.constexpr = (not (DQ_MODE == DQ_TMA and DQ_STAGES > 1)) and BLOCK_M == 64
+    DV_BLOCKS: tl.constexpr = HEAD_DIM // BLOCK_M
     HALF: tl.constexpr = BLOCK_N // 2  # keys per consumer
     # dQ^T [HEAD_DIM, BLOCK_M] = K^T dS^T: at HEAD_DIM = 128 each consumer computes half its rows
     # every step; at 64, too few rows to split, the consumers take turns computing all of it.
@@ -423,7 +434,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     n_progs = tl.num_programs(0)
     # The tile's K and V stay resident; each step's Q and dO blocks arrive in one of two slots, the
     # next step's copies running while this one computes; dS^T goes through shared memory (two
-    # slots) as the B operand of the dQ matmul, dQ through DQ_STAGES fp32 staging buffers.
+    # slots) as the B operand of the dQ matmul, dQ through DQ_STAGES fp32 staging buffers; with
+    # STAGE_DKV, dK leaves through a buffer of its own and dV through the dS^T slots.
     k_buf = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1)
     v_buf = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1)
     q_bufs = tlx.local_alloc((BLOCK_M, HEAD_DIM), dtype, 2)
@@ -439,8 +451,10 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     step_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=2)
     box_fulls = tlx.alloc_barriers(num_barriers=2, arrive_count=1)
     box_empties = tlx.alloc_barriers(num_barriers=2, arrive_count=2)
-    if not NO_DQ:
+    if not NO_DQ or STAGE_DKV:
         ds_bufs = tlx.local_alloc((BLOCK_N, BLOCK_M), dtype, 2)
+    if STAGE_DKV:
+        dk_stage = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1)
     if DQ_MODE == DQ_TMA:
         dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, DQ_STAGES)
         dq_fulls = tlx.alloc_barriers(num_barriers=DQ_STAGES, arrive_count=2)
@@ -540,7 +554,9 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                                                         PROFILE)
                 tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
             if PROFILE:
-                prof.span_end(rec_ptr, spans_off, pid, _R_PRODUCER, _N_ROLES, n_posted)
+                # The span's address rebuilt here, not kept from span_begin across the kernel in a
+                # register (at level 2 that spilled).
+                prof.span_end(rec_ptr, _opaque(spans_off), pid, _R_PRODUCER, _N_ROLES, n_posted)
                 if PROFILE >= 2:
                     prof.write_site_waits(rec_ptr, waits_off, pid, _R_PRODUCER, _N_ROLES, _PRODUCER_SITES, _N_SITES,
                                           (w_ke, w_se, w_df, w_bx, w_dr), (n_ke, n_se, n_df, n_bx, n_dr))
@@ -587,6 +603,11 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
                 dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
                 w_kf, n_kf = prof.timed_wait(kv_fulls[0], n_done & 1, w_kf, n_kf, CPROF)
+                if STAGE_DKV:
+                    # The previous tile's dK / dV copies have read the staging buffers (the dS^T slots
+                    # among them) before any thread of this warpgroup writes them again.
+                    tlx.async_descriptor_store_wait(0)
+                    tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
                 for i in range(GROUP * n_m):
                     slot = step % 2
                     h = kvh * GROUP + i // n_m
@@ -670,31 +691,73 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     dk = tlx.async_dot_wait(0, dk)
                     tlx.barrier_arrive(step_empties[slot], 1)  # this step's Q and dO are read
                     step += 1
-                # dK and dV leave through this consumer's rows of the K and V buffers, once the other
-                # consumer's dQ^T (which reads all of K) is done: written from the accumulators'
-                # layout, read back in row chunks in a layout that stores coalesced. Keys no query sees
-                # still get their (zero) rows written: dK and dV come from torch.empty; rows past the
-                # sequence end belong to the next sequence and are skipped.
-                if CPROF >= 3:
-                    prof.event_mark(rec_ptr, ev)
-                if not NO_DQ:
-                    tlx.named_barrier_wait(_EPI_BAR, _CONSUMER_THREADS)
-                k_rows = tlx.local_slice(k_buf[0], [cid * HALF, 0], [HALF, HEAD_DIM])
-                v_rows = tlx.local_slice(v_buf[0], [cid * HALF, 0], [HALF, HEAD_DIM])
-                tlx.local_store(k_rows, (dk * sm_scale).to(dtype))
-                tlx.local_store(v_rows, dv.to(dtype))
-                tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
-                # The head count goes through `_opaque` so the chunks' offsets are built per tile,
-                # not hoisted out of the persistent loop into registers the accumulators need.
-                row_stride = _opaque(dkv_heads) * HEAD_DIM
-                kv_base = _head_base(kv_start + k0, H_kv, kvh, HEAD_DIM)
-                _store_rows(k_buf[0], cid * HALF, dk_ptr + kv_base, row_stride, Lk - k0, HALF, HEAD_DIM)
-                _store_rows(v_buf[0], cid * HALF, dv_ptr + kv_base, row_stride, Lk - k0, HALF, HEAD_DIM)
-                # Every thread has read its rows, and its writes are ordered before the copies (another
-                # proxy) that refill them, before the producer may load the next K and V.
-                tlx.fence_async_shared()
-                tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
-                tlx.barrier_arrive(kv_empties[0], 1)
+                if STAGE_DKV:
+                    # This warpgroup's matmuls are all waited for: the producer may load the next K
+                    # and V once the other consumer is done with them too. dK and dV are staged once
+                    # the other consumer's last dQ^T has read the dS^T slots, and go out by TMA while
+                    # the next tile starts. A half block that reaches past the sequence end would
+                    # overwrite the next sequence's rows: stored by the threads, masked. Keys no
+                    # query sees still get their (zero) rows written: dK and dV come from torch.empty.
+                    if CPROF >= 3:
+                        prof.event_mark(rec_ptr, ev)
+                    tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
+                    tlx.barrier_arrive(kv_empties[0], 1)
+                    if not NO_DQ:
+                        tlx.named_barrier_wait(_EPI_BAR, _CONSUMER_THREADS)
+                    dk_rows = tlx.local_slice(dk_stage[0], [cid * HALF, 0], [HALF, HEAD_DIM])
+                    tlx.local_store(dk_rows, (dk * sm_scale).to(dtype))
+                    dv_out = dv.to(dtype)
+                    if DV_BLOCKS == 2:
+                        # The two column halves are register halves of the accumulator: no data moves.
+                        dv_lo, dv_hi = tl.split(tl.permute(tl.reshape(dv_out, [HALF, 2, BLOCK_M]), (0, 2, 1)))
+                        tlx.local_store(tlx.local_slice(ds_bufs[0], [cid * HALF, 0], [HALF, BLOCK_M]), dv_lo)
+                        tlx.local_store(tlx.local_slice(ds_bufs[1], [cid * HALF, 0], [HALF, BLOCK_M]), dv_hi)
+                    else:
+                        tlx.local_store(tlx.local_slice(ds_bufs[0], [cid * HALF, 0], [HALF, BLOCK_M]), dv_out)
+                    tlx.fence_async_shared()
+                    tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
+                    if not NO_DKV_STORE:
+                        if k0 + HALF <= Lk:
+                            tlx.async_descriptor_store(dk_desc, dk_rows, [kv_start + k0, kvh * HEAD_DIM])
+                            for c in tl.static_range(DV_BLOCKS):
+                                tlx.async_descriptor_store(
+                                    dv_desc, tlx.local_slice(ds_bufs[c], [cid * HALF, 0], [HALF, BLOCK_M]),
+                                    [kv_start + k0, kvh * HEAD_DIM + c * BLOCK_M])
+                        else:
+                            row_stride = _opaque(dkv_heads) * HEAD_DIM
+                            kv_base = _head_base(kv_start + k0, H_kv, kvh, HEAD_DIM)
+                            _store_rows(dk_stage[0], cid * HALF, dk_ptr + kv_base, row_stride, Lk - k0, HALF,
+                                        HEAD_DIM)
+                            for c in tl.static_range(DV_BLOCKS):
+                                _store_rows(ds_bufs[c], cid * HALF, dv_ptr + kv_base + c * BLOCK_M, row_stride,
+                                            Lk - k0, HALF, BLOCK_M)
+                else:
+                    # dK and dV leave through this consumer's rows of the K and V buffers, once the other
+                    # consumer's dQ^T (which reads all of K) is done: written from the accumulators'
+                    # layout, read back in row chunks in a layout that stores coalesced. Keys no query sees
+                    # still get their (zero) rows written: dK and dV come from torch.empty; rows past the
+                    # sequence end belong to the next sequence and are skipped.
+                    if CPROF >= 3:
+                        prof.event_mark(rec_ptr, ev)
+                    if not NO_DQ:
+                        tlx.named_barrier_wait(_EPI_BAR, _CONSUMER_THREADS)
+                    k_rows = tlx.local_slice(k_buf[0], [cid * HALF, 0], [HALF, HEAD_DIM])
+                    v_rows = tlx.local_slice(v_buf[0], [cid * HALF, 0], [HALF, HEAD_DIM])
+                    tlx.local_store(k_rows, (dk * sm_scale).to(dtype))
+                    tlx.local_store(v_rows, dv.to(dtype))
+                    tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
+                    # The head count goes through `_opaque` so the chunks' offsets are built per tile,
+                    # not hoisted out of the persistent loop into registers the accumulators need.
+                    if not NO_DKV_STORE:
+                        row_stride = _opaque(dkv_heads) * HEAD_DIM
+                        kv_base = _head_base(kv_start + k0, H_kv, kvh, HEAD_DIM)
+                        _store_rows(k_buf[0], cid * HALF, dk_ptr + kv_base, row_stride, Lk - k0, HALF, HEAD_DIM)
+                        _store_rows(v_buf[0], cid * HALF, dv_ptr + kv_base, row_stride, Lk - k0, HALF, HEAD_DIM)
+                    # Every thread has read its rows, and its writes are ordered before the copies (another
+                    # proxy) that refill them, before the producer may load the next K and V.
+                    tlx.fence_async_shared()
+                    tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
+                    tlx.barrier_arrive(kv_empties[0], 1)
                 if CPROF:
                     prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, prof.smid(), t, b, kvh, blk, Lk,
                                     GROUP * n_m, t0, prof.globaltimer(), c0, tlx.clock64(), _R_COMPUTE)
@@ -703,8 +766,10 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     prof.event_end(rec_ptr, ev)
                 n_done += 1
                 b, kvh, blk, t = _take_tile(box, box_fulls, box_empties, n_done, cid)
+            if STAGE_DKV:
+                tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
             if CPROF:
-                prof.span_end(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES, n_done)
+                prof.span_end(rec_ptr, _opaque(spans_off), pid, _R_COMPUTE, _N_ROLES, n_done)  # as the producer's
                 if CPROF >= 2:
                     prof.write_site_waits(rec_ptr, waits_off, pid, _R_COMPUTE, _N_ROLES, _COMPUTE_SITES, _N_SITES,
                                           (w_kf, w_sf, dq_wait, w_ds), (n_kf, n_sf, dq_waits, n_ds))
@@ -867,15 +932,15 @@ def _main_variant(mode, dtype, head_dim, dq_name, schedule="static", profile=0) 
 
 @provider
 def bwd_variants() -> list[KernelVariant]:
-    """Per mask mode, dtype and head dim: the main kernel with the op's dQ reduction (TMA, 2
-    stages) and the deterministic pair (main kernel without dQ, dQ kernel); the delta kernel per dtype and head dim (no mask, so one serves every mode).
+    """Per mask mode, dtype and head dim: the main kernel with the op's dQ reduction (TMA, 1
+    stage) and the deterministic pair (main kernel without dQ, dQ kernel); the delta kernel per dtype and head dim (no mask, so one serves every mode).
     For broadcast-Q bf16 D=128, the HSP case: every other dQ reduction, the dynamic queue, and
     every PROFILE level."""
     out = []
     for dtype in ("bf16", "fp16"):
         for head_dim in (64, 128):
             for mode, (broadcast_q, causal, has_window) in MODES.items():
-                out.append(_main_variant(mode, dtype, head_dim, "tma2"))
+                out.append(_main_variant(mode, dtype, head_dim, "tma1"))
                 out.append(_main_variant(mode, dtype, head_dim, "det"))
                 out.append(KernelVariant(
                     name=f"bwd/{mode}/{dtype}/d{head_dim}/dq-det", kernel=_jfa_bwd_dq, signature=dq_signature(dtype),
@@ -887,7 +952,7 @@ def bwd_variants() -> list[KernelVariant]:
                 name=f"bwd/delta/{dtype}/d{head_dim}", kernel=_jfa_bwd_delta, signature=delta_signature(dtype),
                 constexprs=delta_constexprs(head_dim=head_dim), num_warps=DELTA_WARPS, num_stages=1,
                 tags={"pass": "bwd", "mode": "delta", "dtype": dtype, "head_dim": str(head_dim)}))
-    out += [_main_variant("bcast", "bf16", 128, dq) for dq in ("tma1", "atomic")]
-    out += [_main_variant("bcast", "bf16", 128, "tma2", schedule="dynamic")]
-    out += [_main_variant("bcast", "bf16", 128, "tma2", profile=p) for p in (1, 2, 3)]
+    out += [_main_variant("bcast", "bf16", 128, dq) for dq in ("tma2", "atomic")]
+    out += [_main_variant("bcast", "bf16", 128, "tma1", schedule="dynamic")]
+    out += [_main_variant("bcast", "bf16", 128, "tma1", profile=p) for p in (1, 2, 3)]
     return out

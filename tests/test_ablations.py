@@ -57,9 +57,9 @@ def test_the_real_kernel_publishes_the_four_switches():
 
 def test_the_backward_publishes_its_switches_and_options():
     names = [a.name for a in ablations.available_ablations("bwd")]
-    assert names == ["no_dq", "dq_no_reduce", "no_mask"]
+    assert names == ["no_dq", "dq_no_reduce", "no_mask", "no_dkv_store"]
     bits = [a.bit for a in ablations.available_ablations("bwd")]
-    assert len(set(bits)) == 3 and all(b and not b & (b - 1) for b in bits)
+    assert len(set(bits)) == 4 and all(b and not b & (b - 1) for b in bits)
     assert ablations.default_schedule("fwd") == "dynamic" and ablations.default_schedule("bwd") == "static"
     assert ablations.bwd_dq("tma") == ("tma", 2) and ablations.bwd_dq("tma1") == ("tma", 1)
     from jfa_prof.kernels import bwd  # the CLI's default reduction is the op's

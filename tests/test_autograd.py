@@ -132,7 +132,7 @@ def test_backward_variants_are_registered():
             for mode in ("bcast", "bcast-window", "jagged", "jagged-causal", "jagged-window", "jagged-causal-window"):
                 # The op's reduction (the TMA reduce-add), and the deterministic pair (no dQ, then
                 # the dQ kernel).
-                for dq in ("tma2", "det", "dq-det"):
+                for dq in ("tma1", "det", "dq-det"):
                     assert f"bwd/{mode}/{dtype}/d{d}/{dq}" in names
 
 

@@ -202,6 +202,26 @@ def test_backward_is_deterministic_in_dk_dv(cuda_device):
     assert torch.equal(dk0, dk1) and torch.equal(dv0, dv1)
 
 
+def test_gradient_buffers_that_tma_cannot_write_still_get_the_result(cuda_device):
+    import torch
+
+    from jfa_prof.kernels.attention import bwd_launch
+
+    # TMA stores need a 16-byte aligned start: dK / dV buffers one element into larger ones (NaN
+    # around them) get the same bits as fresh ones, and nothing is written outside them.
+    args, kw = _bwd_args(cuda_device)
+    k, v = args[1], args[2]
+    _, dk0, dv0 = bwd_launch(*args, **kw)
+    dk_big = torch.full((k.numel() + 2, ), float("nan"), device=cuda_device, dtype=k.dtype)
+    dv_big = torch.full((v.numel() + 2, ), float("nan"), device=cuda_device, dtype=v.dtype)
+    dk_out, dv_out = dk_big[1:-1].view(k.shape), dv_big[1:-1].view(v.shape)
+    _, dk1, dv1 = bwd_launch(*args, **kw, dk_out=dk_out, dv_out=dv_out)
+    assert dk1.data_ptr() == dk_out.data_ptr() and dv1.data_ptr() == dv_out.data_ptr()
+    assert torch.equal(dk1, dk0) and torch.equal(dv1, dv0)
+    for big in (dk_big, dv_big):
+        assert big[0].isnan() and big[-1].isnan()
+
+
 def test_recorded_backward_trace_reads_back(cuda_device, tmp_path):
     from jfa_prof.inputs import Workload
     from jfa_prof.recording import record_bwd_workload

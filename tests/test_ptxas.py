@@ -297,12 +297,12 @@ def test_the_barrier_wait_level_does_not_spill():
 
     variants = _registered_variants()
     for name in ("fwd/bcast/bf16/d128/dynamic/peel/prof", "fwd/bcast/bf16/d128/dynamic/peel/prof/n64",
-                 "bwd/bcast/bf16/d128/tma2/prof2"):
+                 "bwd/bcast/bf16/d128/tma1/prof2"):
         result = compile_variant(variants[name])
         assert result.stats.spill_bytes == 0, name
 
 
-@pytest.mark.parametrize("name", ["bwd/bcast/bf16/d128/tma2", "bwd/bcast/bf16/d64/tma2", "bwd/jagged/bf16/d128/det"])
+@pytest.mark.parametrize("name", ["bwd/bcast/bf16/d128/tma1", "bwd/bcast/bf16/d64/tma1", "bwd/jagged/bf16/d128/det"])
 def test_the_backward_consumers_take_turns_at_the_first_matmuls(name):
     """Each step both consumers wait once at the turn barrier (id 15, 256 threads): consumer 1 after
     issuing S^T and dP^T, consumer 0 before. Both must, in every step loop, or the two would

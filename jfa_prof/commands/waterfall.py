@@ -30,8 +30,9 @@ def waterfall(
         None, "--schedule", help="fwd: static, lpt or dynamic (default); bwd: static (default, round-robin) "
                                  "or dynamic."),
     dq: Optional[str] = typer.Option(
-        None, "--dq", help="bwd: the dQ reduction: tma (TMA reduce-add, 2 staging buffers; broadcast-Q's default), "
-                           "tma1 (one buffer, no overlap) or atomic (per-element atomic adds; jagged Q's default)."),
+        None, "--dq", help="bwd: the dQ reduction: tma1 (TMA reduce-add, one staging buffer, dK/dV "
+                           "stored by TMA from buffers of their own; the op's default), tma (two dQ staging "
+                           "buffers, dK/dV through the K/V buffers) or atomic (per-element atomic adds)."),
     ablate: Optional[str] = typer.Option(
         None, "--ablate", help="Comma-separated ablations, in the order --cumulative applies them. Default: all, "
                                "in the kernel's order."),

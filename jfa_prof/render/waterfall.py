@@ -27,6 +27,7 @@ PIECE_NAMES = {
     "no_mask": "masks",
     "no_dq": "dQ",
     "dq_no_reduce": "dQ reduction",
+    "no_dkv_store": "dK/dV stores",
 }
 
 # One sign convention everywhere: a piece's time is what removing it saved, positive when the
