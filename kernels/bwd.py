@@ -261,7 +261,7 @@ def _find_tile(t, tile_cum, B, H_kv, b_from):
 
 # Named barriers (ids 0..8 are left to the compiler).
 _STEP_BAR = tl.constexpr(9)  # + step parity: both consumers' halves of dS^T are in shared memory
-_EPI_BAR = tl.constexpr(11)  # both consumers are past the tile's last dQ^T matmul, which reads all of K
+_EPI_BAR = tl.constexpr(11)  # both consumers are past the tile's last dQ^T matmul, which reads all of K and dS^T
 _WG_BAR = tl.constexpr(12)  # + consumer id: one consumer warpgroup's own barrier
 _PRODUCER_BAR = tl.constexpr(14)  # the producer warpgroup's own barrier (mailbox hand-off)
 _TURN_BAR = tl.constexpr(15)  # each step: consumer 1 has issued S^T and dP^T, consumer 0 may issue its own
