@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab ncu_prof calibration limits roles
+#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab bwd_breakdown ncu_prof calibration limits roles
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -120,6 +120,13 @@ bwd_ab() {  # other backward builds against the checkout's: BWD_BEFORE="file ...
     i=$((i + 1))
   done
   python benchmarks/bwd_ab.py "${args[@]}" --out "$OUT/bwd_ab.json" 2>&1 | grep -v Warn | tail -8
+}
+bwd_breakdown() {  # where each backward consumer's time goes at the tile boundary (clock reads in both consumers);
+  # the patch is made against the kernel it was measured on and may need refreshing after kernel changes
+  patch -s -o "$OUT/bwd_breakdown.py" kernels/bwd.py benchmarks/results/patches/bwd_epilogue_breakdown.diff \
+    || { echo "the breakdown patch does not apply to this kernels/bwd.py" >&2; return 1; }
+  python benchmarks/bwd_epilogue_breakdown.py --build "$OUT/bwd_breakdown.py" --out "$OUT/bwd_epilogue_breakdown.json" \
+    2>&1 | grep -v Warn | tail -12
 }
 ncu_prof() {  # hardware counters of the forward uninstrumented (A) against tile records and spans (B), per schedule
   for s in ${NCU_SCHEDULES:-static dynamic}; do

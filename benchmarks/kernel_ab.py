@@ -72,7 +72,7 @@ def runner(pass_name, w, x, n_ctas):
     q_off = None if w.broadcast_q else x.q_offsets
     common = dict(sm_scale=scale, window=None, causal=False, broadcast_q=w.broadcast_q)
     if pass_name == "fwd":
-        wl = fwd_work_list(x.kv_offsets, q_off, x.max_seq_len_q, w.H, w.Lq if w.broadcast_q else None,
+        wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
                            block_m=checkout_fwd.BLOCK_M, window=None, causal=False, schedule=DEFAULT_SCHEDULE,
                            n_ctas=n_ctas)
 

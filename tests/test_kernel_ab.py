@@ -1,4 +1,5 @@
-"""The kernel A/B script's build loading and its backward front, on the CPU (the timing needs a GPU)."""
+"""The kernel A/B script's build loading, its fronts and the epilogue breakdown's reading, on the CPU (the timing
+needs a GPU)."""
 import importlib.util
 import subprocess
 import sys
@@ -40,3 +41,36 @@ def test_the_backward_front_says_what_it_needs(tmp_path):
     if run.returncode == 0:
         pytest.skip("a GPU is present: the front ran the benchmark")
     assert "needs an sm_90 GPU" in run.stderr, run.stderr[-2000:]
+
+
+def test_the_forward_runner_takes_jagged_queries():
+    # The work list's query-length arguments: a jagged-Q workload (the dense shape is one) has no Lq.
+    from jfa_prof.inputs import Workload
+
+    w = Workload("jagged", B=3, H=2, H_kv=2, D=64, Lq=96, max_kv=96, sparsity=0.5, broadcast_q=False)
+    x = w.make("cpu")
+    run, ref, compared = _script().runner("fwd", w, x, n_ctas=4)
+    assert callable(run) and ref.shape == x.q.shape and compared(ref) is ref
+
+
+def test_the_epilogue_breakdown_reads_each_consumers_sums():
+    import numpy as np
+
+    from jfa_prof.records import SPAN_WORDS, Span
+
+    path = ROOT / "benchmarks/bwd_epilogue_breakdown.py"
+    spec = importlib.util.spec_from_file_location("bwd_epilogue_breakdown", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    n_ctas, n_sites = 3, 9
+    waits = np.zeros((n_ctas, 2, n_sites, 2), np.int64)
+    spans = np.zeros((n_ctas, 2, SPAN_WORDS), np.int64)
+    spans[:, 1, Span.C_START], spans[:, 1, Span.C_END] = 100, 1100  # 3000 cycles in all
+    waits[:, 1, 2, 0] = 600  # consumer 0: step loop
+    waits[:, 1, 7, 0] = 150  # consumer 0: the copies' issue
+    waits[:, 0, 2, 0] = 900  # consumer 1: step loop
+    waits[:, 1, 6, 1] = 40  # consumer 0: the first dV copy
+    waits[:, 1, 4, 1] = 7  # tiles per CTA
+    c0, c1 = mod.shares(waits, spans, 1), mod.shares(waits, spans, 0)
+    assert c0["step_loop"] == 0.6 and c0["copies_issue"] == 0.15 and c0["dv_copy_0"] == 0.04
+    assert c0["tiles"] == 21 and c1["step_loop"] == 0.9 and c1["copies_issue"] == 0.0
