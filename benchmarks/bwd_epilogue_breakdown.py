@@ -53,24 +53,13 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--points", nargs="+", default=list(kernel_ab.POINTS))
     args = ap.parse_args()
-    from jfa_prof.inputs import upstream_grad
-    from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
-
     breakdown = kernel_ab.load_builds("bwd", [f"breakdown={args.build}"])["breakdown"]
     device = timing.require_gpu("the epilogue breakdown")
     rows = []
     for grid, lq, kv, s in (kernel_ab.parse_point(p) for p in args.points):
         w = select_workload(grid, Lq=lq, max_kv=kv, sparsity=s)
         x = w.make(device)
-        q_off = None if w.broadcast_q else x.q_offsets
-        common = dict(sm_scale=w.D ** -0.5, window=None, causal=False, broadcast_q=w.broadcast_q)
-        o, lse, _, _ = fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **common)
-        do = upstream_grad(x, o)
-
-        def call(level):
-            return bwd_launch_recorded(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q,
-                                       x.max_seq_len_kv, profile=level, **common)
-
+        call = kernel_ab.bwd_call(w, x)
         ms0 = timing.kernel_median_ms(lambda: call(0), "_jfa_bwd")
         with kernel_ab.build("bwd", breakdown):
             ms2 = timing.kernel_median_ms(lambda: call(2), "_jfa_bwd")

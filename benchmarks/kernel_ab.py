@@ -68,9 +68,8 @@ def build(pass_name, module):
 def runner(pass_name, w, x, n_ctas):
     """A call of the pass's kernel at a profile level (the op's default schedule, for the forward a
     prebuilt work list), returning the outputs compared bit for bit, and the reference's."""
-    scale = 1 / math.sqrt(w.D)
     q_off = None if w.broadcast_q else x.q_offsets
-    common = dict(sm_scale=scale, window=None, causal=False, broadcast_q=w.broadcast_q)
+    common = _common(w)
     if pass_name == "fwd":
         wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
                            block_m=checkout_fwd.BLOCK_M, window=None, causal=False, schedule=DEFAULT_SCHEDULE,
@@ -80,13 +79,25 @@ def runner(pass_name, w, x, n_ctas):
             return fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, profile=level, work=wl,
                               **common)[0]
         return run, bench.reference_output(x, "fwd"), lambda out: out
+    call = bwd_call(w, x)
+    return (lambda level: call(level)[:3]), bench.reference_output(x, "bwd"), lambda out: out[1:3]
+
+
+def _common(w):
+    return dict(sm_scale=1 / math.sqrt(w.D), window=None, causal=False, broadcast_q=w.broadcast_q)
+
+
+def bwd_call(w, x):
+    """`bwd_launch_recorded` at a profile level, its whole result, on the gradient of one forward."""
+    q_off = None if w.broadcast_q else x.q_offsets
+    common = _common(w)
     o, lse, _, _ = fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **common)
     do = upstream_grad(x, o)
 
-    def run(level):
+    def call(level):
         return bwd_launch_recorded(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q,
-                                   x.max_seq_len_kv, profile=level, **common)[:3]
-    return run, bench.reference_output(x, "bwd"), lambda out: out[1:3]
+                                   x.max_seq_len_kv, profile=level, **common)
+    return call
 
 
 def main(argv=None, default_pass=None):
