@@ -74,3 +74,23 @@ def test_the_epilogue_breakdown_reads_each_consumers_sums():
     c0, c1 = mod.shares(waits, spans, 1), mod.shares(waits, spans, 0)
     assert (c0["step_loop"], c0["copies_issue"], c0["dv_copy_0"]) == pytest.approx((0.6, 0.15, 0.04))
     assert c0["tiles"] == 21 and c1["step_loop"] == pytest.approx(0.9) and c1["copies_issue"] == 0.0
+
+
+def test_the_backward_call_wires_one_forwards_gradient(monkeypatch):
+    # The launchers need the GPU: stand-ins record what the call passes them.
+    import torch
+
+    from jfa_prof.inputs import Workload
+
+    ab = _script()
+    w = Workload("hsp", B=3, H=2, H_kv=2, D=64, Lq=64, max_kv=96, sparsity=0.5, broadcast_q=True)
+    x = w.make("cpu")
+    o, lse = torch.randn(x.q.shape[0] * 3, 2, 64), torch.zeros(2, x.q.shape[0] * 3)
+    seen = {}
+    monkeypatch.setattr(ab, "fwd_launch", lambda *a, **kw: (o, lse, None, None))
+    monkeypatch.setattr(ab, "bwd_launch_recorded", lambda *a, **kw: seen.update(args=a, kw=kw) or ("dq", "dk", "dv"))
+    assert ab.bwd_call(w, x)(2) == ("dq", "dk", "dv")
+    q, k, v, o_, lse_, do, q_off, kv_off, max_q, max_kv = seen["args"]
+    assert (q, k, v, o_, lse_, kv_off) == (x.q, x.k, x.v, o, lse, x.kv_offsets) and q_off is None
+    assert do.shape == o.shape and (max_q, max_kv) == (x.max_seq_len_q, x.max_seq_len_kv)
+    assert seen["kw"] == dict(profile=2, sm_scale=0.125, window=None, causal=False, broadcast_q=True)
