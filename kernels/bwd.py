@@ -569,6 +569,9 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             cid: tl.constexpr = tlx.async_task_replica_id()
             # The first consumer speaks for both ("compute"); the second times nothing.
             CPROF: tl.constexpr = PROFILE * (1 - cid)
+            # At levels 1 and 2 consumer 0 stores each tile record at the next tile's start (below);
+            # at level 3, whose event records close each tile anyway, as the tile ends.
+            DEFER_RECORD: tl.constexpr = CPROF == 1 or CPROF == 2
             if CPROF:
                 prof.span_begin(rec_ptr, spans_off, pid, _R_COMPUTE, _N_ROLES)
             dq_wait = prof.counter()
@@ -583,8 +586,12 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
             step = 0
             n_done = 0
             b, kvh, blk, t = _take_tile(box, box_fulls, box_empties, 0, cid)
+            if DEFER_RECORD:
+                rec_t = -1  # the tile whose record's end is still to store
+                rec_t1 = tl.zeros([], tl.int64)
+                rec_c1 = tl.zeros([], tl.int64)
             while b >= 0:
-                if PROFILE:
+                if CPROF:
                     t0 = prof.globaltimer()
                     c0 = tlx.clock64()
                 if CPROF >= 3:
@@ -603,6 +610,17 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 dk = tl.zeros([HALF, HEAD_DIM], tl.float32)
                 dv = tl.zeros([HALF, HEAD_DIM], tl.float32)
                 w_kf, n_kf = prof.timed_wait(kv_fulls[0], n_done & 1, w_kf, n_kf, CPROF)
+                if DEFER_RECORD:
+                    # The tile records are stored here, once this tile's K and V are in, where the
+                    # consumer waits for the previous tile's dK / dV copies anyway: this tile's fields
+                    # and the previous one's end, taken as it ended (the last one's after the loop).
+                    # Stored as each tile ended, on the way to the next, level 1 cost +6 to +10% of
+                    # the kernel against 0 to +1% on the H200; at level 3 the other way round, +9 to
+                    # +16% deferred against +1 to +10% (benchmarks/results/instrumentation/
+                    # bwd_l1_record_ab_*, roles_cost_bwd_*_2026-12-04b).
+                    prof.write_tile_end(rec_ptr, tiles_off, tile_cap, rec_t, rec_t1, rec_c1)
+                    prof.write_tile_fields(rec_ptr, tiles_off, tile_cap, t, pid, prof.smid(), t, b, kvh, blk, Lk,
+                                           GROUP * n_m, t0, c0, _R_COMPUTE)
                 if STAGE_DKV:
                     # The previous tile's dK / dV copies have read the staging buffers (the dS^T slots
                     # among them) before any thread of this warpgroup writes them again.
@@ -758,7 +776,11 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     tlx.fence_async_shared()
                     tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
                     tlx.barrier_arrive(kv_empties[0], 1)
-                if CPROF:
+                if DEFER_RECORD:
+                    rec_t = t
+                    rec_t1 = prof.globaltimer()
+                    rec_c1 = tlx.clock64()
+                elif CPROF:
                     prof.write_tile(rec_ptr, tiles_off, tile_cap, t, pid, prof.smid(), t, b, kvh, blk, Lk,
                                     GROUP * n_m, t0, prof.globaltimer(), c0, tlx.clock64(), _R_COMPUTE)
                 if CPROF >= 3:
@@ -768,6 +790,8 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                 b, kvh, blk, t = _take_tile(box, box_fulls, box_empties, n_done, cid)
             if STAGE_DKV:
                 tlx.async_descriptor_store_wait(0)  # the last copies read shared memory until they finish
+            if DEFER_RECORD:
+                prof.write_tile_end(rec_ptr, tiles_off, tile_cap, rec_t, rec_t1, rec_c1)
             if CPROF:
                 prof.span_end(rec_ptr, _opaque(spans_off), pid, _R_COMPUTE, _N_ROLES, n_done)  # as the producer's
                 if CPROF >= 2:

@@ -129,6 +129,38 @@ def write_tile(rec_ptr, tiles_off, tile_cap, slot, cta, sm, tile, batch, head, b
 
 
 @triton.jit
+def write_tile_fields(rec_ptr, tiles_off, tile_cap, slot, cta, sm, tile, batch, head, block, kv_len, n_blocks, t0,
+                      c0, role):
+    """A tile record without its end (`write_tile_end`), for a role that stores the two apart."""
+    if slot < tile_cap:
+        base = rec_ptr + tiles_off + slot.to(tl.int64) * TILE_WORDS_C
+        tl.store(base + T_CTA, cta.to(tl.int64))
+        tl.store(base + T_SMID, sm.to(tl.int64))
+        tl.store(base + T_TILE, tile.to(tl.int64))
+        tl.store(base + T_BATCH, batch.to(tl.int64))
+        tl.store(base + T_HEAD, head.to(tl.int64))
+        tl.store(base + T_BLOCK, block.to(tl.int64))
+        tl.store(base + T_KV_LEN, kv_len.to(tl.int64))
+        tl.store(base + T_N_BLOCKS, n_blocks.to(tl.int64))
+        tl.store(base + T_T_START, t0)
+        tl.store(base + T_C_START, c0)
+        tl.store(base + T_ROLE, role + tl.zeros([], tl.int64))
+    else:
+        tl.atomic_add(rec_ptr + H_DROPPED, 1, sem="relaxed")
+
+
+@triton.jit
+def write_tile_end(rec_ptr, tiles_off, tile_cap, slot, t1, c1):
+    """The end times of the record `write_tile_fields` began, and VALID; nothing for a slot < 0
+    (no tile yet) or past the capacity (already counted as dropped)."""
+    if (slot >= 0) & (slot < tile_cap):
+        base = rec_ptr + tiles_off + slot.to(tl.int64) * TILE_WORDS_C
+        tl.store(base + T_T_END, t1)
+        tl.store(base + T_C_END, c1)
+        tl.store(base + T_VALID, 1)
+
+
+@triton.jit
 def _span_base(rec_ptr, spans_off, cta, role, n_roles):
     return rec_ptr + spans_off + (cta * n_roles + role).to(tl.int64) * SPAN_WORDS_C
 

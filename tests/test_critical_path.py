@@ -264,15 +264,27 @@ def test_a_sampled_recording_gives_the_shares_of_the_full_one(name, sample):
     full = critical_path_of(tr)
     _, part = _subsampled(path, sample)
     assert part.sample == sample and full.sample == 1
-    # The unrecorded tiles are work, not gaps: before the first recorded one too. (The gaps between
-    # tiles, where a role waits outside any window, go with the unrecorded tiles: within 1.5%.)
+    # The unrecorded tiles are work, not gaps: before the first recorded one too. A role's waits
+    # between tiles fall outside every recorded window when a neighbour went unrecorded, so a
+    # sampled recording books them as the unrecorded tiles' work: its gaps share can only shrink,
+    # and the idle share with it, by at most the full recording's gaps.
     full_idle, part_idle = full.idle_shares(), part.idle_shares()
-    for k, tol in (("epilogue", 0.005), ("tail", 0.005), ("gaps", 0.015)):
-        assert part_idle[k] == pytest.approx(full_idle[k], abs=tol), k
-    assert part.idle_share == pytest.approx(full.idle_share, abs=0.015)
-    # The tensor roles' parts, what the diagnosis ranks.
+    for k in ("epilogue", "tail"):
+        assert part_idle[k] == pytest.approx(full_idle[k], abs=0.005), k
+    assert part_idle["gaps"] <= full_idle["gaps"] + 0.005
+    lost = full_idle["gaps"] - part_idle["gaps"]
+    assert full.idle_share - lost - 0.005 <= part.idle_share <= full.idle_share + 0.005
+    # The tensor roles' parts, what the diagnosis ranks, with the gaps folded into the work that
+    # absorbs them when sampled.
     tensor = ("consumer0", "consumer1", "compute")
-    shares = lambda cp: cp.roles[cp.roles["role"].isin(tensor)].set_index(["role", "part"])["share"]  # noqa: E731
+
+    def shares(cp):
+        s = cp.roles[cp.roles["role"].isin(tensor)].set_index(["role", "part"])["share"]
+        for role in s.index.get_level_values("role").unique():
+            if (role, "gaps") in s.index:
+                s[(role, "compute")] += s.pop((role, "gaps"))
+        return s
+
     both = pd.concat([shares(full), shares(part)], axis=1, keys=["full", "part"]).dropna()
     assert len(both) >= 6 and (both["full"] - both["part"]).abs().max() < 0.015, both
 
