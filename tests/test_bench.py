@@ -186,6 +186,24 @@ def test_select_workloads():
         bench.select_workloads("hsp", ["hsp Lq=64"])
 
 
+def test_select_workloads_causal():
+    plain = bench.select_workloads("jagged", ["jagged max=512 s=0.5"])
+    (w,) = bench.select_workloads("jagged", ["jagged max=512 s=0.5"], causal=True)
+    assert w.causal and not plain[0].causal and w.label == "jagged max=512 s=0.5 causal"
+    assert {**vars(w), "causal": False} == vars(plain[0])
+    assert all(w.causal for w in bench.select_workloads("dense", causal=True))
+    with pytest.raises(BadInputError, match="causal mask is defined for jagged Q only") as info:
+        bench.select_workloads("hsp", causal=True)
+    assert "--grid jagged or dense" in info.value.hint
+
+
+def test_bench_causal_is_refused_with_a_result_file(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--results", str(tmp_path / "none.json"), "--causal"])
+    assert result.exit_code == 2 and "--causal applies to a live run" in result.output, result.output
+    result = CliRunner().invoke(app, ["bench", "--grid", "hsp", "--causal"])
+    assert result.exit_code == 2 and "jagged Q only" in result.output, result.output
+
+
 # ---------------------------------------------------------------------------------------------
 # peers
 # ---------------------------------------------------------------------------------------------

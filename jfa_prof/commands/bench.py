@@ -25,6 +25,8 @@ def bench(
                                                             "with --results: every grid in the file."),
     label: Optional[list[str]] = typer.Option(None, "--label", help="Only this workload, e.g. 'hsp Lq=256 max=2048 "
                                                                     "s=0.5'; repeat for more."),
+    causal: bool = typer.Option(False, "--causal", help="Each workload with the causal mask (bottom-right; jagged-Q "
+                                                        "grids: jagged, dense). FLOPs count the visible pairs only."),
     peers: str = typer.Option(DEFAULT_PEERS, "--peers", help="Comma-separated peers to time when installed: "
                                                              "fa4, varlen, sdpa, flex; '' for none."),
     schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="Schedules of this kernel to time, comma-separated."),
@@ -64,13 +66,16 @@ def bench(
             flag = "--out" if out is not None else "--limits"
             raise BadInputError(f"{flag} applies to a live run; with --results nothing is measured",
                                 hint=f"drop {flag} (--html and --json render the file)")
+        if causal:
+            raise BadInputError("--causal applies to a live run; a result file's causal points carry "
+                                "'causal' in their labels", hint="drop --causal, or pass --label '... causal'")
         res = load_results(results).filter(grid=grid, labels=label, pass_=pass_)
         if not res.records:
             raise BadInputError(f"{results} holds no {pass_} results"
                                 + (f" for grid {grid}" if grid else "") + (" with those labels" if label else ""))
         origin, provenance = "recorded", res.provenance()
     else:
-        res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out, limits)
+        res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out, limits, causal)
         origin, provenance = "live", f"measured on {res.gpu} on {res.date}"
 
     frame = res.frame()
@@ -128,7 +133,7 @@ def bench(
 
 
 def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: int, out: Optional[Path],
-             limits: bool = False):
+             limits: bool = False, causal: bool = False):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -145,7 +150,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
         raise BadInputError(f"unknown schedule(s): {', '.join(bad) or '(none given)'}",
                             hint=f"one or more of {', '.join(SCHEDULES)}")
     keys = [k.strip() for k in peers.split(",") if k.strip()]
-    workloads = lib.select_workloads(grid, labels)
+    workloads = lib.select_workloads(grid, labels, causal=causal)
     status = lib.peer_status(keys)  # unknown peer names fail here, before any GPU work
     timing.require_gpu("jfa-prof bench", hint="pass --results FILE to render a recorded run")
     err = Console(stderr=True, highlight=False, soft_wrap=True)
