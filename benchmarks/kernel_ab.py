@@ -1,15 +1,17 @@
 """Builds of one pass's kernel side by side in one process, at chosen instrumentation levels: other
 `kernels/fwd.py` or `kernels/bwd.py` files (e.g. from `git show REV:kernels/fwd.py`, or the
-checkout's with one change) against the checkout's, on HSP points and the dense shape.
+checkout's with one change) against the checkout's, on HSP points, the jagged self-attention grid
+(causal or not) and the dense shape; the backward under each schedule asked for.
 
-Every (build, level) is checked against the fp32 reference and bit for bit against the checkout at
-level 0 (the forward's O; the backward's dK and dV, since dQ's reduce-adds may add in any order),
-then the main kernel alone (CUPTI durations) is timed in rounds that alternate all of them; a
+Every (build, level) is checked against the fp32 reference (where it fits in memory) and bit for bit
+against the checkout at level 0 (the forward's O; the backward's dK and dV, since dQ's reduce-adds may
+add in any order), then the main kernel alone (CUPTI durations) is timed in rounds that alternate all of them; a
 figure is the median of its rounds, and `vs_checkout` is each one's time over the checkout's at
-level 0. Kernel-only figures: a diagnostic, not the op's time as called.
+level 0 (under the first schedule). Kernel-only figures: a diagnostic, not the op's time as called.
 
     git show 8f96150:kernels/fwd.py > /tmp/fwd_before.py
     python benchmarks/kernel_ab.py --pass fwd --build before=/tmp/fwd_before.py --levels 0 1 --out ab.json
+    python benchmarks/kernel_ab.py --pass bwd --schedules static dynamic --points jagged,2048,1,causal --out ab.json
 """
 import argparse
 import contextlib
@@ -17,6 +19,7 @@ import importlib.util
 import json
 import math
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -33,10 +36,19 @@ CHECKOUT = {"fwd": checkout_fwd, "bwd": checkout_bwd}
 KERNEL = {"fwd": "_jfa_fwd", "bwd": "_jfa_bwd"}
 
 
-def parse_point(text):
+def point_workload(text):
+    """A point as given on the command line: "LQ,MAX_KV,SPARSITY" (HSP), "jagged,MAX_KV,SPARSITY"
+    with an optional ",causal", or "dense"."""
     if text == "dense":
-        return ("dense", None, None, None)
-    return ("hsp", *hsp_point(text))
+        return select_workload("dense")
+    if text.startswith("jagged,"):
+        _, max_kv, sparsity, *mask = text.split(",")
+        if mask not in ([], ["causal"]):
+            raise SystemExit(f"--points {text!r}: a jagged point is jagged,MAX_KV,SPARSITY[,causal]")
+        w = select_workload("jagged", max_kv=int(max_kv), sparsity=float(sparsity))
+        return replace(w, causal=bool(mask))
+    lq, max_kv, sparsity = hsp_point(text)
+    return select_workload("hsp", Lq=lq, max_kv=max_kv, sparsity=sparsity)
 
 
 def load_builds(pass_name, specs):
@@ -66,25 +78,37 @@ def build(pass_name, module):
 
 
 def runner(pass_name, w, x, n_ctas):
-    """A call of the pass's kernel at a profile level (the op's default schedule, for the forward a
-    prebuilt work list), returning the outputs compared bit for bit, and the reference's."""
+    """A call of the pass's kernel at a profile level (the forward: the op's default schedule, on a
+    prebuilt work list; the backward: a schedule, None for its default), returning the outputs
+    compared bit for bit, and the reference's."""
     q_off = None if w.broadcast_q else x.q_offsets
     common = _common(w)
     if pass_name == "fwd":
         wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
-                           block_m=checkout_fwd.BLOCK_M, window=None, causal=False, schedule=DEFAULT_SCHEDULE,
-                           n_ctas=n_ctas)
+                           block_m=checkout_fwd.BLOCK_M, window=w.window, causal=w.causal,
+                           schedule=DEFAULT_SCHEDULE, n_ctas=n_ctas)
 
-        def run(level):
+        def run(level, schedule=None):
             return fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, profile=level, work=wl,
                               **common)[0]
-        return run, bench.reference_output(x, "fwd"), lambda out: out
+        return run, _reference(x, "fwd"), lambda out: out
     call = bwd_call(w, x)
-    return (lambda level: call(level)[:3]), bench.reference_output(x, "bwd"), lambda out: out[1:3]
+    return (lambda level, schedule=None: call(level, schedule)[:3]), _reference(x, "bwd"), lambda out: out[1:3]
+
+
+def _reference(x, pass_name):
+    """The fp32 reference, or None where it does not fit in memory (the reference pads every sequence to
+    the longest: the jagged grid's long points need tens of GiB); those points are checked bit for bit
+    against the checkout only."""
+    try:
+        return bench.reference_output(x, pass_name)
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
 
 
 def _common(w):
-    return dict(sm_scale=1 / math.sqrt(w.D), window=None, causal=False, broadcast_q=w.broadcast_q)
+    return dict(sm_scale=1 / math.sqrt(w.D), window=w.window, causal=w.causal, broadcast_q=w.broadcast_q)
 
 
 def bwd_call(w, x):
@@ -94,9 +118,10 @@ def bwd_call(w, x):
     o, lse, _, _ = fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, **common)
     do = upstream_grad(x, o)
 
-    def call(level):
+    def call(level, schedule=None):
         return bwd_launch_recorded(x.q, x.k, x.v, o, lse, do, q_off, x.kv_offsets, x.max_seq_len_q,
-                                   x.max_seq_len_kv, profile=level, **common)
+                                   x.max_seq_len_kv, profile=level, **({"schedule": schedule} if schedule else {}),
+                                   **common)
     return call
 
 
@@ -111,38 +136,45 @@ def main(argv=None, default_pass=None):
                     help="levels for the --build files only (default: --levels); the checkout is always timed at 0")
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--points", nargs="+", metavar="LQ,MAX_KV,SPARSITY|dense",
-                    help="HSP points and / or the dense shape (default: four HSP points and dense)")
+    ap.add_argument("--points", nargs="+", metavar="LQ,MAX_KV,SPARSITY|jagged,MAX_KV,SPARSITY[,causal]|dense",
+                    help="HSP points, jagged self-attention points and / or the dense shape (default: four HSP "
+                         "points and dense)")
+    ap.add_argument("--schedules", nargs="+", choices=checkout_bwd.SCHEDULES,
+                    help="backward: time every build under each of these schedules (default: the op's own)")
     args = ap.parse_args(argv)
     pass_name = default_pass or args.pass_name
+    if args.schedules and pass_name != "bwd":
+        ap.error("--schedules is for the backward; the forward's work list brings its schedule")
+    schedules = args.schedules or [None]
     builds = load_builds(pass_name, args.build)
     device = timing.require_gpu("the kernel A/B benchmark")
     n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
     levels = {name: sorted(set(args.levels) | {0}) if name == "checkout" else (args.build_levels or args.levels)
               for name in builds}
     rows = []
-    for grid, lq, kv, s in (parse_point(p) for p in (args.points or POINTS)):
-        w = select_workload(grid, Lq=lq, max_kv=kv, sparsity=s)
+    for w in (point_workload(p) for p in (args.points or POINTS)):
         x = w.make(device)
         run, ref, compared = runner(pass_name, w, x, n_ctas)
 
-        def call(module, level):
+        def call(module, level, schedule=None):
             with build(pass_name, module):
-                return run(level)
+                return run(level, schedule)
 
-        calls = {f"{name}@{level}": (lambda m=m, lv=level: call(m, lv))
-                 for name, m in builds.items() for level in levels[name]}
-        base = compared(call(builds["checkout"], 0))
+        # Named name@level, and name@level/schedule when more than one schedule is timed.
+        calls = {f"{name}@{level}" + (f"/{sched}" if len(schedules) > 1 else ""):
+                 (lambda m=m, lv=level, sc=sched: call(m, lv, sc))
+                 for name, m in builds.items() for level in levels[name] for sched in schedules}
+        base = compared(call(builds["checkout"], 0, schedules[0]))
         row = {"workload": w.label, "flops": x.flops(pass_name), "builds": {}}
         for name, fn in calls.items():
             out = fn()
-            row["builds"][name] = {"rel_err_vs_ref": bench.rel_err(out, ref),
+            row["builds"][name] = {"rel_err_vs_ref": None if ref is None else bench.rel_err(out, ref),
                                    "bitwise_equal_checkout_level0": bench.bitwise_equal(compared(out), base)}
         timed = timing.alternated(calls, args.rounds,
                                   timer=lambda fn: timing.kernel_median_ms(fn, KERNEL[pass_name]))
         for name, rounds in timed.items():
             row["builds"][name].update(timing.rounds_summary(rounds, row["flops"]))
-        ref_ms = row["builds"]["checkout@0"]["ms"]
+        ref_ms = row["builds"]["checkout@0" + (f"/{schedules[0]}" if len(schedules) > 1 else "")]["ms"]
         row["vs_checkout"] = {n: e["ms"] / ref_ms for n, e in row["builds"].items()}
         rows.append(row)
         print(f"{w.label:28s} " + "  ".join(
@@ -153,6 +185,7 @@ def main(argv=None, default_pass=None):
     meta["timer"] = (f"CUPTI durations of {KERNEL[pass_name]}, median of 10 per round, median of alternated rounds "
                      "(kernel only: a diagnostic)")
     meta["builds"] = {label: getattr(m, "__file__", None) for label, m in builds.items()}
+    meta["schedules"] = schedules if args.schedules else "the op's default"
     with open(args.out, "w") as fh:
         json.dump({"meta": meta, "pass": pass_name, "levels": levels, "results": rows}, fh, indent=1)
 

@@ -147,10 +147,16 @@ def bwd_dq(name: str) -> tuple[str, int]:
     return BWD_DQ[name]
 
 
-def default_schedule(pass_: str) -> str:
-    """The schedule a pass runs when none is named: the forward's (dynamic), the backward's round-robin."""
+def default_schedule(pass_: str, broadcast_q: bool = True) -> str:
+    """The schedule a pass runs when none is named, as the op does: the forward's (dynamic); the
+    backward's for its inputs (`kernels/bwd.py default_schedule`: round-robin for broadcast-Q, the
+    queue for jagged Q)."""
     check_pass(pass_)
-    return DEFAULT_SCHEDULE if pass_ == "fwd" else "static"
+    if pass_ == "fwd":
+        return DEFAULT_SCHEDULE
+    from jfa_prof.kernels.bwd import default_schedule as bwd_default
+
+    return bwd_default(broadcast_q)
 
 
 def check_schedule(pass_: str, schedule: str) -> None:
@@ -162,10 +168,12 @@ def check_schedule(pass_: str, schedule: str) -> None:
         raise BadInputError(f"unknown {pass_} schedule {schedule!r}", hint=f"one of {', '.join(known)}")
 
 
-def pass_options(pass_: str, schedule: str | None = None, dq: str | None = None, *, dq_flag: str = "--dq") -> str:
+def pass_options(pass_: str, schedule: str | None = None, dq: str | None = None, *, dq_flag: str = "--dq",
+                 broadcast_q: bool = True) -> str:
     """Check a pass and the options that go with it (a schedule of that pass, a dQ reduction for
-    the backward only); returns the schedule, the pass's default when none is named."""
-    schedule = schedule or default_schedule(pass_)
+    the backward only); returns the schedule, the pass's default for the inputs when none is named
+    (`broadcast_q`: whether the workload broadcasts Q)."""
+    schedule = schedule or default_schedule(pass_, broadcast_q)
     check_schedule(pass_, schedule)
     if dq is not None:
         if pass_ != "bwd":
@@ -179,7 +187,8 @@ def make_launcher(x, pass_: str = "fwd", schedule: str | None = None,
     """For inputs ``x`` (:class:`~jfa_prof.inputs.JaggedInputs` on the GPU): a function from an
     ablation mask to a callable that runs ``pass_`` once with those ablations. ``dq`` (backward
     only) names the dQ reduction of :data:`BWD_DQ`; ``profile`` is the instrumentation level."""
-    schedule = pass_options(pass_, schedule, dq)
+    pass_options(pass_, schedule, dq)  # bad options before the inputs are looked at
+    schedule = schedule or default_schedule(pass_, x.workload.broadcast_q)
     if pass_ == "fwd":
         return _fwd_launcher(x, schedule, profile)
     return _bwd_launcher(x, schedule, dq, profile)

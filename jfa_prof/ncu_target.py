@@ -29,8 +29,8 @@ PROFILE_LEVELS_HELP = "0 off, 1 tile records and role spans, 2 also barrier wait
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m jfa_prof.ncu_target", description=__doc__.split("\n\n")[0])
     ap.add_argument("--pass", dest="pass_", default="fwd", help="fwd or bwd")
-    ap.add_argument("--schedule", default=None, help="fwd: static, lpt (default) or dynamic; bwd: static (default) "
-                                                     "or dynamic")
+    ap.add_argument("--schedule", default=None, help="fwd: static, lpt (default) or dynamic; bwd: static "
+                                                     "(broadcast-Q's default) or dynamic (jagged Q's)")
     ap.add_argument("--dq", default=None, help="bwd: the dQ reduction, tma, tma1 or atomic (default: the op's)")
     ap.add_argument("--grid", default="hsp", help="workload grid: hsp, jagged, dense")
     ap.add_argument("--lq", type=int, help="queries per sequence (hsp grid)")
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> str:
     from jfa_prof.errors import BadInputError, NoGpuError, TlxUnavailableError
     from jfa_prof.inputs import select_workload
 
-    schedule = ablations.pass_options(args.pass_, args.schedule, args.dq)
+    ablations.pass_options(args.pass_, args.schedule, args.dq)
     if args.launches < 1:
         raise BadInputError(f"--launches must be at least 1, got {args.launches}")
     check_profile_level(args.profile)
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> str:
                                    seed=args.seed)
     except ValueError as err:
         raise BadInputError(str(err)) from None
+    schedule = ablations.pass_options(args.pass_, args.schedule, args.dq, broadcast_q=workload.broadcast_q)
     if not torch.cuda.is_available():
         raise NoGpuError("no CUDA GPU is visible: the forward kernel needs an sm_90 GPU")
     try:

@@ -81,12 +81,12 @@ BWD_MECHANISMS = {
 }
 
 
-def record_bwd_workload(workload: Workload, schedule: str = "static", *, dq: str | None = None, warmup: int = 3,
+def record_bwd_workload(workload: Workload, schedule: str | None = None, *, dq: str | None = None, warmup: int = 3,
                         record_capacity: int | None = None, level: int = 2, sample: int = 1,
                         ablate: int = 0) -> Trace:
     """One instrumented backward launch of `workload` (fed by one plain forward and a fixed
     upstream gradient), as a Trace. Tiles are KV blocks; a tile's N_BLOCKS counts the query
-    blocks it walked. `dq` names the reduction (`jfa_prof.ablations.BWD_DQ`, default the op's);
+    blocks it walked. `schedule` and `dq` (the reduction, `jfa_prof.ablations.BWD_DQ`) default to the op's;
     `level` and `sample` as in `record_workload`; `ablate` a bitmask of `bwd.ABLATIONS` / `bwd.PLANTS`."""
     import torch
 
@@ -94,7 +94,7 @@ def record_bwd_workload(workload: Workload, schedule: str = "static", *, dq: str
     from jfa_prof.kernels import bwd
     from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
 
-    pass_options("bwd", schedule, dq)
+    schedule = pass_options("bwd", schedule, dq, broadcast_q=workload.broadcast_q)
     dq_mode, stages = bwd_dq(dq or DEFAULT_DQ_NAME)
     device = require_gpu()
     x = workload.make(device)

@@ -406,7 +406,8 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
 
     `dq`: "tma" (TMA reduce-add, `dq_stages` staging buffers; the default), "atomic" or
     "deterministic";
-    `schedule`: "static" (round-robin) or "dynamic" (atomic queue); `profile`: instrumentation
+    `schedule`: "static" (round-robin) or "dynamic" (atomic queue), default `bwd.default_schedule`
+    (round-robin for broadcast-Q, the queue for jagged Q); `profile`: instrumentation
     level 0/1/2/3 (3: event records for every `sample`-th tile);
     `ablate`: a bitmask of `bwd.ABLATIONS` for the waterfall, which make the
     gradients wrong on purpose, and of `bwd.PLANTS`, known delays that leave them right; `block_m`: query rows per inner step (default `bwd.BLOCK_M`; 32 or
@@ -418,7 +419,7 @@ def bwd_launch_recorded(q, k, v, o, lse, do, q_offsets, kv_offsets, max_seq_len_
 
     dq_mode = dq or bwd.DEFAULT_DQ
     dq_stages = dq_stages or bwd.DEFAULT_DQ_STAGES
-    schedule = schedule or bwd.DEFAULT_SCHEDULE
+    schedule = schedule or bwd.default_schedule(broadcast_q)
     if dq_mode not in ("tma", "atomic", "deterministic"):
         raise BadInputError(f"unknown dq reduction {dq_mode!r}", hint="tma, atomic or deterministic")
     if schedule not in bwd.SCHEDULES:

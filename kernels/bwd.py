@@ -9,8 +9,9 @@ the two helper kernels are plain Triton. Kernels:
 - `_jfa_bwd`: persistent and warp-specialized. Its tiles are the valid (batch, kv head, KV block of
   `BLOCK_N` keys) triples, block-innermost; the list is a prefix sum of KV blocks per sequence built
   on the GPU (no host sync), searched from the previous tile's batch on (`_find_tile`), so empty
-  sequences make no tiles. Tiles are dealt round-robin, or (dynamic) taken from an atomic queue. A
-  tile keeps its K and V block resident, walks the query heads of the kv head's group and, for
+  sequences make no tiles. Tiles are dealt round-robin (broadcast-Q's default), or taken from an
+  atomic queue (dynamic; jagged Q's default, `default_schedule`). A tile keeps its K and V block
+  resident, walks the query heads of the kv head's group and, for
   each, the query blocks that can see this KV block, recomputing P from Q, K and the saved
   log-sum-exp. dK and dV are summed over the whole group in registers and written once, so GQA
   needs no second reduction pass.
@@ -45,8 +46,8 @@ Q and dO stay in shared memory.
 
 Masks are the forward's (`fwd._tile_geometry`, `fwd._consume_block`): sequence end, symmetric
 window |i - j| <= W, causal bottom-right j <= i + Lk - Lq. Peeled as in the forward, by a runtime
-flag in the one loop: a block wholly inside both sequences, with no window or causal rule, skips
-the mask arithmetic.
+flag in the one loop: a block wholly inside both sequences, with no window and below the causal
+diagonal, skips the mask arithmetic.
 
 Instrumentation (`PROFILE`, `jfa_prof.records` layout): a span per program for the producer (role
 "producer") and, from the first consumer, one for the consumers (role "compute"), one tile record
@@ -103,7 +104,17 @@ DEFAULT_DQ_STAGES = 1
 # reduce-add. Per-element atomics took 1.2-1.5x longer on HSP points (bwd_variants_*).
 DEFAULT_DQ = "tma"
 SCHEDULES = ("static", "dynamic")  # round-robin, or an atomic queue
-DEFAULT_SCHEDULE = "static"
+
+
+def default_schedule(broadcast_q: bool) -> str:
+    """The op's schedule. Jagged Q: the queue. Its tiles' costs follow their sequence's query count and,
+    causal, their place on the diagonal (a KV block sees the query blocks from its own on), and
+    round-robin deals them by a stride that repeats with the blocks per sequence: causal, the queue's
+    kernel took 0.56-0.66 of round-robin's time, not causal 0.91 at s=0.5 and 1.00 at s=1, on the
+    H200 (benchmarks/results/variants/bwd_schedule_ab_*). Broadcast-Q: round-robin, whose tiles of one
+    sequence cost the same; the queue was 0.98-1.05 of its time over the HSP grid, 2-5% slower at five
+    of its longest points."""
+    return "static" if broadcast_q else "dynamic"
 
 # Switches for `jfa-prof waterfall --pass bwd`: they make the gradients wrong on purpose, so
 # only `jfa_prof.ablations` reaches them (through `bwd_launch(ablate=)`), never the public op.
@@ -662,10 +673,15 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     # and no visible entry, so the select, not the exponential, makes its P zero.
                     lse = tlx.local_load(lse_bufs[slot_o])
                     p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :] * _LOG2E)
-                    # Peeled: a block wholly inside both sequences, with no window or causal rule,
-                    # skips the mask arithmetic (a runtime branch, one loop: see fwd's peeling note).
+                    # Peeled: a block wholly inside both sequences, with no window and no key of this
+                    # consumer's half hidden by the causal rule, skips the mask arithmetic (a runtime
+                    # branch, one loop: see fwd's peeling note). Causal, only the blocks the diagonal
+                    # crosses need it: the block's first row sees every key of the half.
+                    masked = (not kv_whole) | (m0 + BLOCK_M > Lq)
+                    if CAUSAL:
+                        masked = masked | (k0 + HALF - 1 > m0 + (Lk - Lq))
                     if not NO_MASK:
-                        if HAS_WINDOW or CAUSAL or not kv_whole or m0 + BLOCK_M > Lq:
+                        if HAS_WINDOW or masked:
                             visible = n_ok[:, None] & m_ok[None, :]
                             if HAS_WINDOW:
                                 diff = m_ids[None, :] - n_ids[:, None]
@@ -892,7 +908,7 @@ def bwd_signature(dtype: str, head_dim: int) -> dict[str, str]:
 
 
 def bwd_constexprs(*, head_dim, broadcast_q, causal, has_window, dq="tma", dq_stages=DEFAULT_DQ_STAGES,
-                   schedule=DEFAULT_SCHEDULE, profile=0, ablate=0, block_m=BLOCK_M, sample=1) -> dict:
+                   schedule, profile=0, ablate=0, block_m=BLOCK_M, sample=1) -> dict:
     """`dq`: "atomic", "tma" or "deterministic" (this kernel then leaves dQ to `_jfa_bwd_dq`).
     `sample`: at profile level 3, event records for every `sample`-th tile."""
     return {"HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": BLOCK_N, "BROADCAST_Q": broadcast_q,
@@ -937,11 +953,13 @@ MODES = {"bcast": (True, False, False), "bcast-window": (True, False, True), "ja
 DQ_VARIANTS = {"tma2": ("tma", 2), "tma1": ("tma", 1), "atomic": ("atomic", 1), "det": ("deterministic", 1)}
 
 
-def _main_variant(mode, dtype, head_dim, dq_name, schedule="static", profile=0) -> KernelVariant:
+def _main_variant(mode, dtype, head_dim, dq_name, schedule=None, profile=0) -> KernelVariant:
+    """The main kernel's variant; `schedule` defaults to the op's for the mode, and a name says any other."""
     broadcast_q, causal, has_window = MODES[mode]
     dq, stages = DQ_VARIANTS[dq_name]
     name = f"bwd/{mode}/{dtype}/d{head_dim}/{dq_name}"
-    if schedule != DEFAULT_SCHEDULE:
+    schedule = schedule or default_schedule(broadcast_q)
+    if schedule != default_schedule(broadcast_q):
         name += f"/{schedule}"
     if profile:
         name += f"/prof{profile}"

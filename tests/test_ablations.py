@@ -61,6 +61,9 @@ def test_the_backward_publishes_its_switches_and_options():
     bits = [a.bit for a in ablations.available_ablations("bwd")]
     assert len(set(bits)) == 4 and all(b and not b & (b - 1) for b in bits)
     assert ablations.default_schedule("fwd") == "dynamic" and ablations.default_schedule("bwd") == "static"
+    # The backward's follows the op's for the inputs: the queue for jagged Q.
+    assert ablations.default_schedule("bwd", broadcast_q=False) == "dynamic"
+    assert ablations.default_schedule("fwd", broadcast_q=False) == "dynamic"
     assert ablations.bwd_dq("tma") == ("tma", 2) and ablations.bwd_dq("tma1") == ("tma", 1)
     from jfa_prof.kernels import bwd  # the CLI's default reduction is the op's
     assert ablations.bwd_dq(ablations.DEFAULT_DQ_NAME) == (bwd.DEFAULT_DQ, bwd.DEFAULT_DQ_STAGES)

@@ -54,6 +54,16 @@ def test_jagged_causal(cuda_device, window):
     _check(*run_backward(q, k, v, q_off, kv_off, causal=True, window=window), "bf16")
 
 
+@pytest.mark.parametrize("schedule", ["static", "dynamic"])
+def test_jagged_causal_self_attention(cuda_device, schedule):
+    # Self-attention (Lq = Lk) over long sequences: most blocks lie below the diagonal and skip the
+    # mask, the blocks it crosses keep it, and the first consumer's keys can be masked where the
+    # second's are not. Lengths on and off the 64-row query blocks and 128-key KV blocks.
+    lengths = [1000, 0, 513, 1, 256, 64, 777]
+    q, k, v, q_off, kv_off = make_case(cuda_device, lengths, H=2, H_kv=1, D=128)
+    _check(*run_backward(q, k, v, q_off, kv_off, causal=True, schedule=schedule), "bf16")
+
+
 @pytest.mark.parametrize("D,dtype,broadcast", [(64, "bf16", True), (128, "fp16", True), (64, "fp16", False)])
 def test_head_dims_and_dtypes(cuda_device, D, dtype, broadcast):
     q, k, v, q_off, kv_off = make_case(cuda_device, LENGTHS, H=2, H_kv=2, D=D, dtype=dtype,

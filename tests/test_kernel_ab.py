@@ -94,3 +94,20 @@ def test_the_backward_call_wires_one_forwards_gradient(monkeypatch):
     assert (q, k, v, o_, lse_, kv_off) == (x.q, x.k, x.v, o, lse, x.kv_offsets) and q_off is None
     assert do.shape == o.shape and (max_q, max_kv) == (x.max_seq_len_q, x.max_seq_len_kv)
     assert seen["kw"] == dict(profile=2, sm_scale=0.125, window=None, causal=False, broadcast_q=True)
+
+
+def test_points_name_hsp_jagged_causal_and_dense_workloads():
+    ab = _script()
+    w = ab.point_workload("jagged,2048,1,causal")
+    assert (w.grid, w.max_kv, w.sparsity, w.causal) == ("jagged", 2048, 1.0, True)
+    assert not ab.point_workload("jagged,512,0.5").causal
+    hsp = ab.point_workload("128,1024,0.1")
+    assert (hsp.grid, hsp.Lq, hsp.max_kv, hsp.sparsity, hsp.broadcast_q) == ("hsp", 128, 1024, 0.1, True)
+    assert ab.point_workload("dense").grid == "dense"
+    with pytest.raises(SystemExit, match="causal"):
+        ab.point_workload("jagged,512,0.5,window")
+
+
+def test_schedules_are_refused_for_the_forward(tmp_path):
+    with pytest.raises(SystemExit):
+        _script().main(["--pass", "fwd", "--schedules", "dynamic", "--out", str(tmp_path / "ab.json")])

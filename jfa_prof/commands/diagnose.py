@@ -26,7 +26,8 @@ def diagnose(
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
     schedule: Optional[str] = typer.Option(
-        None, "--schedule", help="Live: fwd static, lpt or dynamic (default); bwd static (default) or dynamic."),
+        None, "--schedule", help="Live: fwd static, lpt or dynamic (default); bwd static (broadcast-Q's default) "
+                                 "or dynamic (jagged Q's)."),
     dq: Optional[str] = typer.Option(None, "--dq", help="Live bwd: the dQ reduction, tma, tma1 or atomic."),
     ncu_rep: Optional[Path] = typer.Option(
         None, "--ncu-rep", metavar="FILE", help="An .ncu-rep of the same kernel: tensor-pipe and DRAM throughput as "
@@ -79,7 +80,7 @@ def diagnose(
     else:
         pass_ = pass_ or "fwd"
         asked = [flag for flag, v in (("--schedule", schedule), ("--dq", dq)) if v is not None]
-        schedule = ablations.pass_options(pass_, schedule, dq)
+        ablations.pass_options(pass_, schedule, dq)  # bad options before anything is recorded or read
         tr, workload = _live_or_bundled(pass_, schedule, dq, err, grid=grid, lq=lq, max_kv=max_kv,
                                         sparsity=sparsity, seed=seed)
         if workload is None and asked:
@@ -120,8 +121,10 @@ def diagnose(
                                         f"{tr.workload_label}")
 
 
-def _live_or_bundled(pass_: str, schedule: str, dq: str | None, err, **options) -> tuple[Any, Any]:
-    """A level-3 trace recorded on this machine's GPU (and its workload), else a bundled one (and None)."""
+def _live_or_bundled(pass_: str, schedule: str | None, dq: str | None, err, **options) -> tuple[Any, Any]:
+    """A level-3 trace recorded on this machine's GPU (and its workload), else a bundled one (and None).
+    `schedule`: None for the op's for the workload."""
+    from jfa_prof import ablations
     from jfa_prof.errors import BadInputError
     from jfa_prof.report import can_record_live, level3_recordings
     from jfa_prof.trace import read_trace
@@ -131,6 +134,7 @@ def _live_or_bundled(pass_: str, schedule: str, dq: str | None, err, **options) 
 
         workload = opt.resolve_workload(options["grid"], options["lq"], options["max_kv"], options["sparsity"],
                                         options["seed"])
+        schedule = ablations.pass_options(pass_, schedule, dq, broadcast_q=workload.broadcast_q)
         with err.status(f"recording the {pass_} of {workload.label} ({schedule}) at level 3 on the GPU…"):
             if pass_ == "fwd":
                 tr = record_workload(workload, schedule, level=3)
@@ -168,8 +172,8 @@ def _compile_report(tr, err):
     except (ImportError, JfaProfError) as e:
         err.print(f"[dim]no compile report: the kernels do not import here ({e})[/]")
         return None
-    # The backward's recordings name the default static schedule; the registry leaves it out.
-    chosen = variants.get(name) or variants.get(name.replace("/static/", "/"))
+    # The backward's recordings name their schedule; the registry leaves out each mode's default one.
+    chosen = variants.get(name) or variants.get(name.replace(f"/{tr.schedule}/", "/"))
     if chosen is None:
         err.print(f"[dim]no compile report: {name or 'the recording'} is not a registered kernel variant[/]")
         return None

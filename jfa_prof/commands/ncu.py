@@ -19,7 +19,8 @@ def ncu(
         None, "--kernel", metavar="REGEX", help="Only kernels whose name matches, for reports holding several."),
     pass_: str = typer.Option("fwd", "--pass", help="Live: the forward (fwd) or the backward (bwd) kernel."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help="Live: fwd static, lpt or dynamic (default); "
-                                                                    "bwd static (default) or dynamic."),
+                                                                    "bwd static (broadcast-Q's default) or "
+                                                                    "dynamic (jagged Q's)."),
     dq: Optional[str] = typer.Option(None, "--dq", help="Live bwd: the dQ reduction, tma, tma1 or atomic "
                                                         "(default: the op's)."),
     vs_dq: Optional[str] = typer.Option(None, "--vs-dq", help="Live bwd: also profile this dQ reduction and "
@@ -122,16 +123,17 @@ def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_sch
     from jfa_prof.ncu_target import check_profile_level
 
     # Bad options first, then the cheapest checks, before torch is imported to check the workload.
-    schedule = ablations.pass_options(pass_, schedule, dq)
+    ablations.pass_options(pass_, schedule, dq)
     ablations.pass_options(pass_, vs_schedule or schedule, vs_dq, dq_flag="--vs-dq")
     if pass_ == "bwd" and (not peel or vs_peel is not None):
-        raise BadInputError("--no-peel and --vs-peel apply to the forward only: the backward masks every block")
+        raise BadInputError("--no-peel and --vs-peel apply to the forward only: the backward's peeling has no switch")
     check_profile_level(profile)
     if vs_profile is not None:
         check_profile_level(vs_profile)
     ncu_path = ncu_live.require_ncu()
     ncu_live.require_gpu_driver()
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
+    schedule = ablations.pass_options(pass_, schedule, dq, broadcast_q=workload.broadcast_q)
     if pass_ == "bwd" and dq is None:
         dq = ablations.DEFAULT_DQ_NAME
 

@@ -13,8 +13,8 @@ def record(
     out: Path = typer.Option(..., "-o", "--out", help="Trace file to write (.jfatrace)."),
     pass_: str = typer.Option("fwd", "--pass", help="fwd, or bwd: the backward kernel (its tiles are KV blocks)."),
     schedule: Optional[str] = typer.Option(
-        None, "--schedule", help="fwd: static, lpt or dynamic (default); bwd: static (default, round-robin) "
-                                 "or dynamic."),
+        None, "--schedule", help="fwd: static, lpt or dynamic (default); bwd: static (round-robin, broadcast-Q's "
+                                 "default) or dynamic (the queue, jagged Q's)."),
     dq: Optional[str] = typer.Option(None, "--dq", help="bwd: the dQ reduction: tma, tma1 or atomic (default: the "
                                                         "op's, tma for broadcast-Q, atomic for jagged)."),
     grid: opt.Grid = None,
@@ -49,12 +49,13 @@ def record(
     from jfa_prof.trace import write_trace
 
     check_writable(out, "trace")
-    schedule = ablations.pass_options(pass_, schedule, dq)
+    ablations.pass_options(pass_, schedule, dq)  # bad options before the workload is built
     if sample != 1 and level != 3:
         raise BadInputError(f"--sample {sample} applies to --level 3 only (this is --level {level})")
     if pass_ == "bwd" and no_peel:
-        raise BadInputError("--no-peel applies to the forward only: the backward masks every block")
+        raise BadInputError("--no-peel applies to the forward only: the backward's peeling has no switch")
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
+    schedule = ablations.pass_options(pass_, schedule, dq, broadcast_q=workload.broadcast_q)
     console = Console(stderr=True, highlight=False)
     with console.status(f"recording the {pass_} of {workload.label} ({schedule}) on the GPU…"):
         try:

@@ -27,8 +27,8 @@ def waterfall(
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
     schedule: Optional[str] = typer.Option(
-        None, "--schedule", help="fwd: static, lpt or dynamic (default); bwd: static (default, round-robin) "
-                                 "or dynamic."),
+        None, "--schedule", help="fwd: static, lpt or dynamic (default); bwd: static (round-robin, broadcast-Q's "
+                                 "default) or dynamic (the queue, jagged Q's)."),
     dq: Optional[str] = typer.Option(
         None, "--dq", help="bwd: the dQ reduction: tma1 (TMA reduce-add, one staging buffer, dK/dV "
                            "stored by TMA from buffers of their own; the op's default), tma (two dQ staging "
@@ -118,8 +118,8 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, dq, abla
     from jfa_prof import ablations, timing
     from jfa_prof.inputs import workload_dict
 
-    schedule = ablations.pass_options(pass_, schedule, dq)
     workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
+    schedule = ablations.pass_options(pass_, schedule, dq, broadcast_q=workload.broadcast_q)
     if pass_ == "bwd" and dq is None:
         dq = ablations.DEFAULT_DQ_NAME
     device = timing.require_gpu("jfa-prof waterfall", hint="pass --results FILE to render a recorded waterfall")
