@@ -7,11 +7,15 @@ Every (build, level) is checked against the fp32 reference (where it fits in mem
 against the checkout at level 0 (the forward's O; the backward's dK and dV, since dQ's reduce-adds may
 add in any order), then the main kernel alone (CUPTI durations) is timed in rounds that alternate all of them; a
 figure is the median of its rounds, and `vs_checkout` is each one's time over the checkout's at
-level 0 (under the first schedule). Kernel-only figures: a diagnostic, not the op's time as called.
+level 0 (under the first schedule or work-list order). Kernel-only figures: a diagnostic, not the op's
+time as called. The forward's `--orders`: `op` is the op's work list (`jfa_prof.schedule`), `tile` the
+same tiles by each one's own cost, longest first (the op's order before 2026-12-04), `sequence` by
+their sequence, longest first, without the op's groups.
 
     git show 8f96150:kernels/fwd.py > /tmp/fwd_before.py
     python benchmarks/kernel_ab.py --pass fwd --build before=/tmp/fwd_before.py --levels 0 1 --out ab.json
     python benchmarks/kernel_ab.py --pass bwd --schedules static dynamic --points jagged,2048,1,causal --out ab.json
+    python benchmarks/kernel_ab.py --pass fwd --orders op tile sequence --points jagged,2048,1,causal --out ab.json
 """
 import argparse
 import contextlib
@@ -29,7 +33,7 @@ from jfa_prof.inputs import hsp_point, select_workload, upstream_grad
 from jfa_prof.kernels import bwd as checkout_bwd
 from jfa_prof.kernels import fwd as checkout_fwd
 from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
-from jfa_prof.schedule import DEFAULT_SCHEDULE, fwd_work_list
+from jfa_prof.schedule import DEFAULT_SCHEDULE, fwd_work_list, sequence_blocks
 
 POINTS = ("256,2048,0.5", "128,1024,0.1", "256,4096,0.9", "128,4096,0.9", "dense")
 CHECKOUT = {"fwd": checkout_fwd, "bwd": checkout_bwd}
@@ -38,15 +42,16 @@ KERNEL = {"fwd": "_jfa_fwd", "bwd": "_jfa_bwd"}
 
 def point_workload(text):
     """A point as given on the command line: "LQ,MAX_KV,SPARSITY" (HSP), "jagged,MAX_KV,SPARSITY"
-    with an optional ",causal", or "dense"."""
+    with an optional ",causal" or ",window=W" (W keys on each side), or "dense"."""
     if text == "dense":
         return select_workload("dense")
     if text.startswith("jagged,"):
         _, max_kv, sparsity, *mask = text.split(",")
-        if mask not in ([], ["causal"]):
-            raise SystemExit(f"--points {text!r}: a jagged point is jagged,MAX_KV,SPARSITY[,causal]")
+        window = mask[0].removeprefix("window=") if len(mask) == 1 and mask[0].startswith("window=") else None
+        if mask not in ([], ["causal"]) and not (window or "").isdigit():
+            raise SystemExit(f"--points {text!r}: a jagged point is jagged,MAX_KV,SPARSITY[,causal|,window=W]")
         w = select_workload("jagged", max_kv=int(max_kv), sparsity=float(sparsity))
-        return replace(w, causal=bool(mask))
+        return replace(w, causal=mask == ["causal"], window=int(window) if window else None)
     lq, max_kv, sparsity = hsp_point(text)
     return select_workload("hsp", Lq=lq, max_kv=max_kv, sparsity=sparsity)
 
@@ -78,22 +83,46 @@ def build(pass_name, module):
 
 
 def runner(pass_name, w, x, n_ctas):
-    """A call of the pass's kernel at a profile level (the forward: the op's default schedule, on a
-    prebuilt work list; the backward: a schedule, None for its default), returning the outputs
-    compared bit for bit, and the reference's."""
+    """A call of the pass's kernel at a profile level and in a mode (the forward: the op's default
+    schedule on a prebuilt work list, the mode its order, None for the op's; the backward: the mode a
+    schedule, None for its default), returning the outputs compared bit for bit, and the reference's."""
     q_off = None if w.broadcast_q else x.q_offsets
     common = _common(w)
     if pass_name == "fwd":
         wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
                            block_m=checkout_fwd.BLOCK_M, window=w.window, causal=w.causal,
                            schedule=DEFAULT_SCHEDULE, n_ctas=n_ctas)
+        lists = {None: wl, "op": wl, "tile": by_tile_cost(wl), "sequence": by_sequence(wl, x.kv_offsets, w.H)}
 
-        def run(level, schedule=None):
-            return fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, profile=level, work=wl,
+        def run(level, order=None):
+            return fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, profile=level, work=lists[order],
                               **common)[0]
         return run, _reference(x, "fwd"), lambda out: out
     call = bwd_call(w, x)
     return (lambda level, schedule=None: call(level, schedule)[:3]), _reference(x, "bwd"), lambda out: out[1:3]
+
+
+def _reordered(wl, key):
+    """`wl` with its listed tiles sorted by key(tiles, costs) ascending, the unlisted tail kept; each
+    launch then gets a fresh queue (`fwd_launch` with a reused list)."""
+    n = int(wl.n_work)
+    tiles, costs = wl.tiles[:n].long(), wl.costs[:n].long()
+    order = torch.argsort(key(tiles, costs))
+    return replace(wl, tiles=torch.cat([tiles[order].to(wl.tiles.dtype), wl.tiles[n:]]),
+                   costs=torch.cat([costs[order].to(wl.costs.dtype), wl.costs[n:]]), queue=None)
+
+
+def by_sequence(wl, kv_offsets, H):
+    """`wl`'s listed tiles by their sequence's KV blocks, longest first, in grid order within: the
+    op's order without its groups."""
+    blocks = sequence_blocks(kv_offsets, H, wl.n_m_blocks, checkout_fwd.kv_block_n(wl.n_m_blocks))
+    return _reordered(wl, lambda tiles, costs: -blocks[tiles] * (blocks.numel() + 1) + tiles)
+
+
+def by_tile_cost(wl):
+    """`wl`'s listed tiles by each one's own cost (KV blocks visited), longest first, ties in grid
+    order: the op's order before 2026-12-04."""
+    return _reordered(wl, lambda tiles, costs: -costs * (int(tiles.max()) + 1 if tiles.numel() else 1) + tiles)
 
 
 def _reference(x, pass_name):
@@ -136,16 +165,20 @@ def main(argv=None, default_pass=None):
                     help="levels for the --build files only (default: --levels); the checkout is always timed at 0")
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--points", nargs="+", metavar="LQ,MAX_KV,SPARSITY|jagged,MAX_KV,SPARSITY[,causal]|dense",
+    ap.add_argument("--points", nargs="+", metavar="LQ,MAX_KV,SPARSITY|jagged,MAX_KV,SPARSITY[,causal|,window=W]|dense",
                     help="HSP points, jagged self-attention points and / or the dense shape (default: four HSP "
                          "points and dense)")
     ap.add_argument("--schedules", nargs="+", choices=checkout_bwd.SCHEDULES,
                     help="backward: time every build under each of these schedules (default: the op's own)")
+    ap.add_argument("--orders", nargs="+", choices=("op", "tile", "sequence"),
+                    help="forward: time every build on the work list in each of these orders (default: the op's)")
     args = ap.parse_args(argv)
     pass_name = default_pass or args.pass_name
     if args.schedules and pass_name != "bwd":
         ap.error("--schedules is for the backward; the forward's work list brings its schedule")
-    schedules = args.schedules or [None]
+    if args.orders and pass_name != "fwd":
+        ap.error("--orders is for the forward's work list")
+    modes = args.schedules or args.orders or [None]
     builds = load_builds(pass_name, args.build)
     device = timing.require_gpu("the kernel A/B benchmark")
     n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
@@ -156,15 +189,15 @@ def main(argv=None, default_pass=None):
         x = w.make(device)
         run, ref, compared = runner(pass_name, w, x, n_ctas)
 
-        def call(module, level, schedule=None):
+        def call(module, level, mode=None):
             with build(pass_name, module):
-                return run(level, schedule)
+                return run(level, mode)
 
-        # Named name@level, and name@level/schedule when more than one schedule is timed.
-        calls = {f"{name}@{level}" + (f"/{sched}" if len(schedules) > 1 else ""):
-                 (lambda m=m, lv=level, sc=sched: call(m, lv, sc))
-                 for name, m in builds.items() for level in levels[name] for sched in schedules}
-        base = compared(call(builds["checkout"], 0, schedules[0]))
+        # Named name@level, and name@level/mode when more than one schedule or order is timed.
+        calls = {f"{name}@{level}" + (f"/{mode}" if len(modes) > 1 else ""):
+                 (lambda m=m, lv=level, md=mode: call(m, lv, md))
+                 for name, m in builds.items() for level in levels[name] for mode in modes}
+        base = compared(call(builds["checkout"], 0, modes[0]))
         row = {"workload": w.label, "flops": x.flops(pass_name), "builds": {}}
         for name, fn in calls.items():
             out = fn()
@@ -174,7 +207,7 @@ def main(argv=None, default_pass=None):
                                   timer=lambda fn: timing.kernel_median_ms(fn, KERNEL[pass_name]))
         for name, rounds in timed.items():
             row["builds"][name].update(timing.rounds_summary(rounds, row["flops"]))
-        ref_ms = row["builds"]["checkout@0" + (f"/{schedules[0]}" if len(schedules) > 1 else "")]["ms"]
+        ref_ms = row["builds"]["checkout@0" + (f"/{modes[0]}" if len(modes) > 1 else "")]["ms"]
         row["vs_checkout"] = {n: e["ms"] / ref_ms for n, e in row["builds"].items()}
         rows.append(row)
         print(f"{w.label:28s} " + "  ".join(
@@ -185,7 +218,9 @@ def main(argv=None, default_pass=None):
     meta["timer"] = (f"CUPTI durations of {KERNEL[pass_name]}, median of 10 per round, median of alternated rounds "
                      "(kernel only: a diagnostic)")
     meta["builds"] = {label: getattr(m, "__file__", None) for label, m in builds.items()}
-    meta["schedules"] = schedules if args.schedules else "the op's default"
+    meta["schedules"] = modes if args.schedules else "the op's default"
+    if args.orders:
+        meta["orders"] = args.orders
     with open(args.out, "w") as fh:
         json.dump({"meta": meta, "pass": pass_name, "levels": levels, "results": rows}, fh, indent=1)
 

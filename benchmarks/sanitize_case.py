@@ -1,7 +1,7 @@
 """A small forward case of every schedule (and one instrumented launch), also with a single query
 block (the 64-key KV blocks), then the backward with every dQ reduction and schedule, and causal
-jagged self-attention under each schedule, checked against the reference: the target of
-compute-sanitizer runs.
+jagged self-attention under each schedule (the forward's lists grouped by sequence), checked against
+the reference: the target of compute-sanitizer runs.
 
     compute-sanitizer --tool memcheck python benchmarks/sanitize_case.py
 """
@@ -54,6 +54,12 @@ qr = q_j.detach().float().requires_grad_()
 o_ref, lse = reference_attention(qr, kr, vr, kv_off, kv_off, causal=True)
 do = torch.randn(o_ref.shape, device="cuda").to(q.dtype)
 grads = torch.autograd.grad(o_ref, (qr, kr, vr), do.float())
+for schedule in ("static", "lpt", "dynamic"):
+    o, _, _, _ = fwd_launch(q_j, k, v, kv_off, kv_off, 300, sm_scale=1 / math.sqrt(128), window=None, causal=True,
+                            broadcast_q=False, schedule=schedule, n_ctas=4)
+    err = float((o.float() - o_ref.detach()).norm() / o_ref.detach().norm())
+    print(f"fwd causal {schedule} rel_err={err:.2e}")
+    assert err < 1e-2
 for schedule in ("static", "dynamic"):
     got = bwd_launch(q_j, k, v, o_ref.detach().to(q.dtype), lse.detach(), do, kv_off, kv_off, 300, 300,
                      sm_scale=1 / math.sqrt(128), window=None, causal=True, broadcast_q=False, schedule=schedule,

@@ -8,10 +8,25 @@ moved behind ``n_work`` so the kernel never visits them. Nothing here reads a de
 the host, so building a schedule never synchronizes.
 
 - static: valid tiles in grid order.
-- lpt: valid tiles by cost (KV blocks visited) descending, dealt to the persistent CTAs in a
-  zigzag: round r gives CTA c list position r*G + c on even rounds and r*G + (G-1-c) on odd
-  ones, so each CTA gets a mix of long and short tiles.
-- dynamic: the same cost order without the zigzag; CTAs take positions from an atomic counter.
+- lpt: valid tiles by their sequence's KV blocks, longest first, the tiles of one sequence together
+  in grid order; then, where the tiles of a sequence differ in cost (causal, a window), each run of
+  ``GROUP_WAVES`` waves of the list (that many times G positions) by the tiles' own cost (KV
+  blocks visited), longest first. Dealt to the persistent CTAs in a zigzag: round r gives CTA c
+  list position r*G + c on even rounds and r*G + (G-1-c) on odd ones, so each CTA gets a mix of
+  long and short tiles.
+- dynamic: the same order without the zigzag; CTAs take positions from an atomic counter.
+
+Why by sequence, in groups: ordered by tile cost alone (the order before), the causal tiles of one
+sequence lie far apart in the list, so the CTAs running at once each read another sequence's K/V
+from HBM. Whole sequences one after another fix that for long sequences but were slower for short
+ones, whose few tiles then start at the same moment (our reading: missing in L2 on the same K/V
+lines together). A group of two waves keeps a sequence's K/V in L2 between its tiles and runs the
+group's long tiles first. Kernel alone, causal jagged self-attention on the H200
+(benchmarks/results/variants/fwd_order_ab_jagged_h200_2026-12-04.json): 0.80-0.89 of the tile-cost
+order's time from max=512 s=1 on (9.8 against 12.3 ms at max=2048 s=1), 0.98-1.02 at max=256 and
+at max=512 s=0.5; whole sequences without the groups take 1.19-1.27x the groups' time up to
+max=512, 1.03-1.15x beyond. Where every tile of a sequence costs the same (no mask but the sequence
+end: the HSP grid, non-causal jagged Q) the three orders are one list.
 
 The forward's default is dynamic: timed kernel against kernel at level 0 on the H200
 (`benchmarks/profile_overhead.py`), it is within 1% of LPT or faster at every point measured, by
@@ -26,6 +41,7 @@ if TYPE_CHECKING:
     import torch
 
 SCHEDULES = ("static", "lpt", "dynamic")
+GROUP_WAVES = 2  # waves of the list (n_ctas positions each) ordered by tile cost together
 DEFAULT_SCHEDULE = "dynamic"  # the forward's; the backward's is kernels/bwd.py's
 
 
@@ -71,6 +87,26 @@ def fwd_tile_costs(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq:
     return cost.to(torch.int32), has_rows
 
 
+def sequence_blocks(kv_offsets: torch.Tensor, H: int, n_m_blocks: int, block_n: int) -> torch.Tensor:
+    """Per tile in grid order, the KV blocks of its sequence: the cost orders' key."""
+    import torch
+
+    kv_offsets = kv_offsets.to(torch.int64)
+    blocks = (kv_offsets[1:] - kv_offsets[:-1] + block_n - 1) // block_n
+    return blocks.repeat_interleave(H * n_m_blocks)
+
+
+def by_cost_in_groups(order: torch.Tensor, cost: torch.Tensor, n_valid: torch.Tensor, size: int) -> torch.Tensor:
+    """`order` with each run of `size` positions inside the valid prefix sorted by `cost` (of the
+    listed tiles, in list order), largest first, ties in list order; the rest kept."""
+    import torch
+
+    p = torch.arange(order.numel(), device=order.device)
+    group = torch.where(p < n_valid, p // size, order.numel())
+    by_cost = torch.sort(torch.where(p < n_valid, cost, 0), descending=True, stable=True).indices
+    return order[by_cost[torch.sort(group[by_cost], stable=True).indices]]
+
+
 def zigzag(order: torch.Tensor, n_valid: torch.Tensor, n_ctas: int) -> torch.Tensor:
     """Re-deal `order` (best first) so that CTA c, reading positions c, c+G, ..., gets a zigzag.
 
@@ -107,8 +143,9 @@ def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: 
         from jfa_prof.kernels.plan import fwd_work_list_gpu
 
         tiles, n_work, costs, queue = fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m=block_m,
-                                                 block_n=block_n, window=window, causal=causal, schedule=schedule,
-                                                 n_ctas=n_ctas)
+                                                        block_n=block_n, window=window, causal=causal,
+                                                        schedule=schedule, n_ctas=n_ctas,
+                                                        group_size=GROUP_WAVES * n_ctas)
         return WorkList(tiles=tiles, n_work=n_work, costs=costs, n_m_blocks=n_m_blocks, queue=queue)
     cost, has_rows = fwd_tile_costs(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m, block_n, window, causal)
     n_work = has_rows.sum().to(torch.int32).reshape(1)
@@ -116,9 +153,12 @@ def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: 
         # Valid tiles first, grid order kept (the sort is stable).
         key = has_rows.to(torch.int32)
     else:
-        # Longest first; tiles with rows but no visible key still run (they write zeros).
-        key = torch.where(has_rows, cost + 1, 0)
+        # Longest sequence first, its tiles in grid order; tiles with rows but no visible key still
+        # run (they write zeros).
+        key = torch.where(has_rows, sequence_blocks(kv_offsets, H, n_m_blocks, block_n) + 1, 0)
     order = torch.sort(key, descending=True, stable=True).indices
+    if schedule != "static" and (causal or window is not None):
+        order = by_cost_in_groups(order, cost[order], n_work, GROUP_WAVES * n_ctas)
     if schedule == "lpt":
         order = zigzag(order, n_work, n_ctas)
     return WorkList(tiles=order.to(torch.int32), n_work=n_work, costs=cost[order].to(torch.int32),

@@ -1,12 +1,13 @@
-"""Work lists built on the GPU in two launches.
+"""Work lists built on the GPU in two launches (three where a sequence's tiles differ in cost).
 
 The same lists as `jfa_prof.schedule` builds with tensor ops (that version is the reference and
-the CPU path), with the per-tile geometry, the sort and the zigzag fused into two small kernels: a
+the CPU path), with the per-tile geometry, the sort and the zigzag fused into small kernels: a
 dozen tensor ops, `torch.sort` alone among them, cost more host time than a short attention kernel
-runs (benchmarks/host_path.py). The sort is a counting sort: a tile's key is small (its KV block
-count + 1), so the first kernel counts each key per chunk of tiles and the second places every tile
-from those counts, in torch.sort's stable descending order. The geometry is the forward kernel's
-own `_tile_geometry`, so the two cannot disagree.
+runs (benchmarks/host_path.py). The sort is a counting sort: a tile's key is small (its sequence's
+KV block count + 1), so the first kernel counts each key per chunk of tiles and the second places
+every tile from those counts, in torch.sort's stable descending order. Causal or with a window, a
+third kernel sorts each group of list positions by the tiles' own cost. The geometry is the
+forward kernel's own `_tile_geometry`, so the two cannot disagree.
 """
 import torch
 import triton
@@ -18,8 +19,8 @@ from jfa_prof.kernels.fwd import _tile_geometry
 _BLOCK = 1024
 
 
-# Keys 0 .. _KEYS - 1: a tile's key is its KV block count + 1, capped here, so tiles of more than
-# 510 blocks (65,280 keys at 128 per block) are ordered as equals among themselves.
+# Keys 0 .. _KEYS - 1: a tile's key is its sequence's KV block count + 1, capped here, so tiles of
+# sequences over 510 blocks (65,280 keys at 128 per block) are ordered as equals among themselves.
 _KEYS = 512
 
 
@@ -35,8 +36,9 @@ def _plan_keys(kv_offsets, q_offsets, keys, costs, counts, n_tiles, H, n_m_block
         BLOCK_M, BLOCK_N)
     has_rows = (m0 < Lq) & ok
     if BY_COST:
-        # Longest first; tiles with rows but no visible key still run (they write zeros).
-        key = tl.where(has_rows, tl.minimum(n_blocks + 1, KEYS - 1), 0)
+        # Longest sequence first, its tiles in grid order (`jfa_prof.schedule`); tiles with rows but
+        # no visible key still run (they write zeros).
+        key = tl.where(has_rows, tl.minimum(tl.cdiv(Lk, BLOCK_N) + 1, KEYS - 1), 0)
     else:
         key = has_rows.to(tl.int32)
     tl.store(keys + t, key, mask=ok)
@@ -88,22 +90,58 @@ def _plan_deal(keys, costs, counts, tiles_out, costs_out, counters, n, n_chunks,
     tl.store(costs_out + dest, tl.load(costs + src, mask=placed, other=0), mask=placed)
 
 
+@triton.jit(c_cache=C_CACHE)
+def _plan_group(tiles_in, costs_in, tiles_out, costs_out, counters, n, n_ctas, size, ZIGZAG: tl.constexpr,
+                KEYS: tl.constexpr, SEG: tl.constexpr):
+    """Group `program_id` (`size` list positions): its listed tiles by their own cost, largest
+    first, ties in list order (`jfa_prof.schedule.by_cost_in_groups`); LPT's zigzag then. Positions
+    past n_work are copied as they are."""
+    idx = tl.arange(0, SEG)
+    p = tl.program_id(0) * size + idx
+    n_work = tl.load(counters)
+    inside = (idx < size) & (p < n)
+    listed = inside & (p < n_work)
+    key = tl.minimum(tl.load(costs_in + p, mask=listed, other=0), KEYS - 1)
+    # (cost descending, position ascending) packed in one int32; the unlisted sort last.
+    packed = tl.sort(tl.where(listed, (KEYS - 1 - key) * SEG + idx, 2147483647))
+    src = tl.where(listed, tl.program_id(0) * size + packed % SEG, p)
+    dest = p
+    if ZIGZAG:
+        rnd = p // n_ctas
+        full = (rnd + 1) * n_ctas <= n_work
+        dest = tl.where((rnd % 2 == 1) & full & listed, rnd * n_ctas + (n_ctas - 1 - p % n_ctas), p)
+    tl.store(tiles_out + dest, tl.load(tiles_in + src, mask=inside), mask=inside)
+    tl.store(costs_out + dest, tl.load(costs_in + src, mask=inside), mask=inside)
+
+
 def fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, *, block_m, block_n, window, causal, schedule,
-                      n_ctas):
+                      n_ctas, group_size):
     """(tiles, n_work, costs, queue) in execution order; see `jfa_prof.schedule.fwd_work_list`. queue is a
-    zeroed tile counter for the dynamic schedule, written with n_work by the second kernel."""
+    zeroed tile counter for the dynamic schedule, written with n_work by the second kernel. `group_size`:
+    the list positions ordered by tile cost together where a sequence's tiles differ in cost."""
     B = kv_offsets.numel() - 1
     n = B * H * n_m_blocks
     n_chunks = triton.cdiv(n, _BLOCK)
-    # One allocation, cut into the lists and the scratch both kernels share.
-    buf = torch.empty(4 * n + n_chunks * _KEYS + 2, dtype=torch.int32, device=kv_offsets.device)
+    # Where a sequence's tiles differ in cost, a third kernel orders each group by tile cost.
+    grouped = schedule != "static" and (causal or window is not None)
+    lists = 4 if grouped else 2
+    # One allocation, cut into the lists and the scratch the kernels share.
+    buf = torch.empty((2 + lists) * n + n_chunks * _KEYS + 2, dtype=torch.int32, device=kv_offsets.device)
     keys, costs, tiles, costs_out = buf[:n], buf[n:2 * n], buf[2 * n:3 * n], buf[3 * n:4 * n]
-    counts, counters = buf[4 * n:4 * n + n_chunks * _KEYS], buf[4 * n + n_chunks * _KEYS:]
+    end = (2 + lists) * n
+    counts, counters = buf[end:end + n_chunks * _KEYS], buf[end + n_chunks * _KEYS:]
     grid = (n_chunks, )
     _plan_keys[grid](kv_offsets, kv_offsets if q_offsets is None else q_offsets, keys, costs, counts, n, H,
                      n_m_blocks, Lq or 0, window if window is not None else 0, BROADCAST_Q=q_offsets is None,
                      CAUSAL=causal, HAS_WINDOW=window is not None, BLOCK_M=block_m, BLOCK_N=block_n,
                      BY_COST=schedule != "static", KEYS=_KEYS, BLOCK=_BLOCK)
-    _plan_deal[grid](keys, costs, counts, tiles, costs_out, counters, n, n_chunks, n_ctas, ZIGZAG=schedule == "lpt",
-                     KEYS=_KEYS, BLOCK=_BLOCK)
+    _plan_deal[grid](keys, costs, counts, tiles, costs_out, counters, n, n_chunks, n_ctas,
+                     ZIGZAG=schedule == "lpt" and not grouped, KEYS=_KEYS, BLOCK=_BLOCK)
+    if grouped:
+        size = group_size
+        out, costs_grouped = buf[4 * n:5 * n], buf[5 * n:6 * n]
+        _plan_group[(triton.cdiv(n, size), )](tiles, costs_out, out, costs_grouped, counters, n, n_ctas, size,
+                                              ZIGZAG=schedule == "lpt", KEYS=_KEYS,
+                                              SEG=triton.next_power_of_2(size))
+        tiles, costs_out = out, costs_grouped
     return tiles, counters[:1], costs_out, counters[1:]

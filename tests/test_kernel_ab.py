@@ -104,10 +104,43 @@ def test_points_name_hsp_jagged_causal_and_dense_workloads():
     hsp = ab.point_workload("128,1024,0.1")
     assert (hsp.grid, hsp.Lq, hsp.max_kv, hsp.sparsity, hsp.broadcast_q) == ("hsp", 128, 1024, 0.1, True)
     assert ab.point_workload("dense").grid == "dense"
-    with pytest.raises(SystemExit, match="causal"):
-        ab.point_workload("jagged,512,0.5,window")
+    windowed = ab.point_workload("jagged,2048,1,window=256")
+    assert (windowed.window, windowed.causal) == (256, False)
+    for bad in ("jagged,512,0.5,window", "jagged,512,0.5,window=x", "jagged,512,0.5,causal,window=8"):
+        with pytest.raises(SystemExit, match="causal"):
+            ab.point_workload(bad)
 
 
 def test_schedules_are_refused_for_the_forward(tmp_path):
     with pytest.raises(SystemExit):
         _script().main(["--pass", "fwd", "--schedules", "dynamic", "--out", str(tmp_path / "ab.json")])
+
+
+def test_orders_are_refused_for_the_backward(tmp_path):
+    with pytest.raises(SystemExit):
+        _script().main(["--pass", "bwd", "--orders", "tile", "--out", str(tmp_path / "ab.json")])
+
+
+def test_the_orders_list_the_same_tiles():
+    """The orders the A/B compares the op's against: each tile by its own cost, ties in grid order;
+    whole sequences, longest first, in grid order within."""
+    import torch
+
+    from jfa_prof.inputs import offsets_from_lengths
+    from jfa_prof.schedule import fwd_work_list
+
+    lens = torch.tensor([300, 0, 129, 700, 5])
+    off = offsets_from_lengths(lens)
+    wl = fwd_work_list(off, off, None, 2, 700, block_m=128, block_n=128, window=None, causal=True,
+                       schedule="dynamic", n_ctas=2)
+    n = int(wl.n_work)
+    tiled, by_seq = _script().by_tile_cost(wl), _script().by_sequence(wl, off, 2)
+    for other in (tiled, by_seq):
+        assert sorted(other.tiles[:n].tolist()) == sorted(wl.tiles[:n].tolist())
+        assert torch.equal(other.tiles[n:], wl.tiles[n:]) and other.queue is None
+        assert not torch.equal(other.tiles, wl.tiles)  # causal: the orders differ from the op's
+    pairs = list(zip((-tiled.costs[:n]).tolist(), tiled.tiles[:n].tolist()))
+    assert pairs == sorted(pairs)  # cost descending, then tile id
+    seq_blocks = ((lens + 127) // 128).tolist()
+    keys = [(-seq_blocks[t // (2 * wl.n_m_blocks)], t) for t in by_seq.tiles[:n].tolist()]
+    assert keys == sorted(keys)

@@ -68,7 +68,16 @@ def test_work_list_is_a_permutation_with_valid_tiles_first(schedule):
     if schedule == "static":
         assert (wl.tiles[:n_work].diff() > 0).all()  # grid order kept
     if schedule == "dynamic":
-        assert (wl.costs[:n_work].diff() <= 0).all()  # longest first
+        # Longest sequence first, a sequence's tiles together in grid order; then each group of two
+        # waves (14 positions) by the tiles' own cost, longest first, ties in that order.
+        seq_blocks = (kv_lens + 127) // 128
+        valid = torch.nonzero(has_rows).flatten().tolist()
+        by_sequence = sorted(valid, key=lambda t: (-int(seq_blocks[t // (3 * wl.n_m_blocks)]), t))
+        listed = wl.tiles[:n_work].tolist()
+        for g in range(0, n_work, 14):
+            group = by_sequence[g:g + 14]
+            rank = {t: i for i, t in enumerate(group)}
+            assert listed[g:g + 14] == sorted(group, key=lambda t: (-int(cost[t]), rank[t]))
 
 
 @pytest.mark.parametrize("Lq,block_n", [(1, 64), (128, 64), (129, 128), (256, 128)])
@@ -108,7 +117,7 @@ _PLAN_CHILD = """
 import itertools, json, torch
 from jfa_prof.inputs import offsets_from_lengths
 from jfa_prof.kernels.plan import fwd_work_list_gpu
-from jfa_prof.schedule import fwd_work_list
+from jfa_prof.schedule import GROUP_WAVES, fwd_work_list
 g = torch.Generator().manual_seed(3)
 for schedule, broadcast in itertools.product(["static", "lpt", "dynamic"], [True, False]):
     # Lengths 0, 1 and one past a block among random ones; jagged Q gives over 1024 tiles (two chunks).
@@ -118,7 +127,8 @@ for schedule, broadcast in itertools.product(["static", "lpt", "dynamic"], [True
     kv_off = offsets_from_lengths(kv_lens)
     kw = dict(block_m=128, block_n=128, window=None, causal=not broadcast, schedule=schedule, n_ctas=7)
     ref = fwd_work_list(kv_off, q_off, Lq, 2, rows, **kw, reference=True)
-    tiles, n_work, costs, queue = fwd_work_list_gpu(kv_off, q_off, Lq, 2, ref.n_m_blocks, **kw)
+    tiles, n_work, costs, queue = fwd_work_list_gpu(kv_off, q_off, Lq, 2, ref.n_m_blocks, **kw,
+                                                    group_size=GROUP_WAVES * 7)
     print(json.dumps({"case": f"{schedule} broadcast={broadcast}", "tiles": tiles.numel(),
                       "same": torch.equal(tiles, ref.tiles) and torch.equal(n_work, ref.n_work)
                       and torch.equal(costs, ref.costs) and int(queue) == 0}))
