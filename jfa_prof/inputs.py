@@ -313,7 +313,7 @@ def upstream_grad(x: JaggedInputs, o: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# SPEC §6 grids
+# SPEC §6 grids, and the long sequences the backward's targets name
 # ---------------------------------------------------------------------------------------------
 
 def _grids() -> dict[str, list[Workload]]:
@@ -329,7 +329,10 @@ def _grids() -> dict[str, list[Workload]]:
     ]
     dense = [Workload("dense", B=8, H=16, H_kv=16, D=128, Lq=4096, max_kv=4096, sparsity=1.0,
                       broadcast_q=False)]
-    return {"hsp": hsp, "jagged": jagged, "dense": dense}
+    # Long broadcast-Q sequences: few of them, so one sequence's KV blocks fill the GPU.
+    long = [Workload("long", B=32, H=4, H_kv=4, D=128, Lq=512, max_kv=16384, sparsity=s, broadcast_q=True)
+            for s in (0.5, 0.9)]
+    return {"hsp": hsp, "jagged": jagged, "dense": dense, "long": long}
 
 
 GRIDS: dict[str, list[Workload]] = _grids()

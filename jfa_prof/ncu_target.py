@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--schedule", default=None, help="fwd: static, lpt (default) or dynamic; bwd: static "
                                                      "(broadcast-Q's default) or dynamic (jagged Q's)")
     ap.add_argument("--dq", default=None, help="bwd: the dQ reduction, tma, tma1 or atomic (default: the op's)")
-    ap.add_argument("--grid", default="hsp", help="workload grid: hsp, jagged, dense")
+    ap.add_argument("--grid", default="hsp", help="workload grid: hsp, jagged, dense, long")
     ap.add_argument("--lq", type=int, help="queries per sequence (hsp grid)")
     ap.add_argument("--max-kv", type=int, help="longest KV sequence")
     ap.add_argument("--sparsity", type=float, help="mean length / max")

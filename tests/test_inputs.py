@@ -174,6 +174,8 @@ def test_grids_follow_spec():
     d = dense[0]
     assert (d.B, d.H, d.D, d.Lq, d.max_kv, d.sparsity, d.broadcast_q) == \
         (8, 16, 128, 4096, 4096, 1.0, False)
+    assert [(w.B, w.Lq, w.max_kv, w.sparsity, w.broadcast_q) for w in GRIDS["long"]] == [
+        (32, 512, 16384, 0.5, True), (32, 512, 16384, 0.9, True)]
     labels = [w.label for ws in GRIDS.values() for w in ws]
     assert len(set(labels)) == len(labels)
     assert "hsp Lq=256 max=2048 s=0.1" in labels

@@ -21,8 +21,8 @@ DEFAULT_PEERS = "fa4,varlen,sdpa,flex"
 def bench(
     pass_: str = typer.Option("fwd", "--pass", help="fwd, or bwd: the backward of each (gradient of a fixed "
                                                     "upstream gradient; peers on repeated Q, autograd summing dQ)."),
-    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid: hsp, jagged, dense. Live default: hsp; "
-                                                            "with --results: every grid in the file."),
+    grid: Optional[str] = typer.Option(None, "--grid", help="Workload grid: hsp, jagged, dense, long. Live default: "
+                                                            "hsp; with --results: every grid in the file."),
     label: Optional[list[str]] = typer.Option(None, "--label", help="Only this workload, e.g. 'hsp Lq=256 max=2048 "
                                                                     "s=0.5'; repeat for more."),
     causal: bool = typer.Option(False, "--causal", help="Each workload with the causal mask (bottom-right; jagged-Q "

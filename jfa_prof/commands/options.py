@@ -38,7 +38,7 @@ def _seed(value):
 
 # Checked while the options are parsed (a BadInputError there reaches the CLI's one-line
 # handler like any other), so every command that takes them refuses the same values.
-Grid = Annotated[Optional[str], typer.Option("--grid", help="Workload grid: hsp, jagged or dense.")]
+Grid = Annotated[Optional[str], typer.Option("--grid", help="Workload grid: hsp, jagged, dense or long.")]
 Lq = Annotated[Optional[int], typer.Option("--lq", callback=_positive("--lq"),
                                            help="Queries per sequence (hsp grid).")]
 MaxKv = Annotated[Optional[int], typer.Option("--max-kv", callback=_positive("--max-kv"),
