@@ -19,9 +19,10 @@ the host, so building a schedule never synchronizes.
 Why by sequence, in groups: ordered by tile cost alone (the order before), the causal tiles of one
 sequence lie far apart in the list, so the CTAs running at once each read another sequence's K/V
 from HBM. Whole sequences one after another fix that for long sequences but were slower for short
-ones, whose few tiles then start at the same moment (our reading: missing in L2 on the same K/V
-lines together). A group of two waves keeps a sequence's K/V in L2 between its tiles and runs the
-group's long tiles first. Kernel alone, causal jagged self-attention on the H200
+ones (why is not measured yet); a group of two waves keeps a sequence's K/V in L2 between its tiles
+and runs the group's long tiles first. Tiles of one (batch, head) that cost the same stay side by
+side: a wave apart instead, HSP Lq=256 took 1.03-1.16x longer
+(benchmarks/results/variants/fwd_order_ab_split_h200_2026-12-04.json). Kernel alone, causal jagged self-attention on the H200
 (benchmarks/results/variants/fwd_order_ab_jagged_h200_2026-12-04.json): 0.80-0.89 of the tile-cost
 order's time from max=512 s=1 on (9.8 against 12.3 ms at max=2048 s=1), 0.98-1.02 at max=256 and
 at max=512 s=0.5; whole sequences without the groups take 1.19-1.27x the groups' time up to

@@ -141,6 +141,11 @@ def test_the_orders_list_the_same_tiles():
         assert not torch.equal(other.tiles, wl.tiles)  # causal: the orders differ from the op's
     pairs = list(zip((-tiled.costs[:n]).tolist(), tiled.tiles[:n].tolist()))
     assert pairs == sorted(pairs)  # cost descending, then tile id
+    split = _script().split_blocks(wl, 2)  # groups of four positions, each by query block
+    listed = wl.tiles[:n].tolist()
+    for g in range(0, n, 4):
+        assert split.tiles[g:g + 4].tolist() == sorted(listed[g:g + 4], key=lambda t: (t % wl.n_m_blocks,
+                                                                                       listed.index(t)))
     seq_blocks = ((lens + 127) // 128).tolist()
     keys = [(-seq_blocks[t // (2 * wl.n_m_blocks)], t) for t in by_seq.tiles[:n].tolist()]
     assert keys == sorted(keys)
