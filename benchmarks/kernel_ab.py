@@ -11,7 +11,7 @@ level 0 (under the first schedule or work-list order). Kernel-only figures: a di
 time as called. The forward's `--orders`: `op` is the op's work list (`jfa_prof.schedule`), `tile` the
 same tiles by each one's own cost, longest first (the op's order before 2026-12-04), `sequence` by
 their sequence, longest first, without the op's groups, `split` the op's groups by query block, then
-list position.
+list position, `wavesK` the op's grouping with groups of K waves instead of two.
 
     git show 8f96150:kernels/fwd.py > /tmp/fwd_before.py
     python benchmarks/kernel_ab.py --pass fwd --build before=/tmp/fwd_before.py --levels 0 1 --out ab.json
@@ -34,7 +34,7 @@ from jfa_prof.inputs import hsp_point, select_workload, upstream_grad
 from jfa_prof.kernels import bwd as checkout_bwd
 from jfa_prof.kernels import fwd as checkout_fwd
 from jfa_prof.kernels.attention import bwd_launch_recorded, fwd_launch
-from jfa_prof.schedule import DEFAULT_SCHEDULE, GROUP_WAVES, fwd_work_list, sequence_blocks
+from jfa_prof.schedule import DEFAULT_SCHEDULE, GROUP_WAVES, by_cost_in_groups, fwd_work_list, sequence_blocks
 
 POINTS = ("256,2048,0.5", "128,1024,0.1", "256,4096,0.9", "128,4096,0.9", "dense")
 CHECKOUT = {"fwd": checkout_fwd, "bwd": checkout_bwd}
@@ -93,8 +93,9 @@ def runner(pass_name, w, x, n_ctas):
         wl = fwd_work_list(x.kv_offsets, q_off, x.q.shape[0] if w.broadcast_q else None, w.H, x.max_seq_len_q,
                            block_m=checkout_fwd.BLOCK_M, window=w.window, causal=w.causal,
                            schedule=DEFAULT_SCHEDULE, n_ctas=n_ctas)
-        lists = {None: wl, "op": wl, "tile": by_tile_cost(wl), "sequence": by_sequence(wl, x.kv_offsets, w.H),
-                 "split": split_blocks(wl, n_ctas)}
+        by_seq = by_sequence(wl, x.kv_offsets, w.H)
+        lists = {None: wl, "op": wl, "tile": by_tile_cost(wl), "sequence": by_seq, "split": split_blocks(wl, n_ctas),
+                 **{f"waves{k}": in_groups(by_seq, k * n_ctas) for k in (1, 4)}}
 
         def run(level, order=None):
             return fwd_launch(x.q, x.k, x.v, q_off, x.kv_offsets, x.max_seq_len_q, profile=level, work=lists[order],
@@ -119,6 +120,16 @@ def by_sequence(wl, kv_offsets, H):
     op's order without its groups."""
     blocks = sequence_blocks(kv_offsets, H, wl.n_m_blocks, checkout_fwd.kv_block_n(wl.n_m_blocks))
     return _reordered(wl, lambda tiles, costs: -blocks[tiles] * (blocks.numel() + 1) + tiles)
+
+
+def in_groups(wl, size):
+    """`wl` with each group of `size` list positions by tile cost, longest first: the op's grouping
+    with groups of another size, from the whole-sequence order."""
+    n = int(wl.n_work)
+    rank = torch.empty(n, dtype=torch.long, device=wl.tiles.device)
+    rank[by_cost_in_groups(torch.arange(n, device=wl.tiles.device), wl.costs[:n], wl.n_work, size)] = torch.arange(
+        n, device=wl.tiles.device)
+    return _reordered(wl, lambda tiles, costs: rank)
 
 
 def split_blocks(wl, n_ctas):
@@ -181,7 +192,7 @@ def main(argv=None, default_pass=None):
                          "points and dense)")
     ap.add_argument("--schedules", nargs="+", choices=checkout_bwd.SCHEDULES,
                     help="backward: time every build under each of these schedules (default: the op's own)")
-    ap.add_argument("--orders", nargs="+", choices=("op", "tile", "sequence", "split"),
+    ap.add_argument("--orders", nargs="+", choices=("op", "tile", "sequence", "split", "waves1", "waves4"),
                     help="forward: time every build on the work list in each of these orders (default: the op's)")
     args = ap.parse_args(argv)
     pass_name = default_pass or args.pass_name

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
     import torch
 
 SCHEDULES = ("static", "lpt", "dynamic")
-GROUP_WAVES = 2  # waves of the list (n_ctas positions each) ordered by tile cost together
+# Waves of the list (n_ctas positions each) ordered by tile cost together. One wave was up to 1.14x
+# slower, four 0.97-1.05x and 1.11x with a window (benchmarks/results/variants/fwd_order_ab_waves_*).
+GROUP_WAVES = 2
 DEFAULT_SCHEDULE = "dynamic"  # the forward's; the backward's is kernels/bwd.py's
 
 

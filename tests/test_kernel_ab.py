@@ -149,3 +149,19 @@ def test_the_orders_list_the_same_tiles():
     seq_blocks = ((lens + 127) // 128).tolist()
     keys = [(-seq_blocks[t // (2 * wl.n_m_blocks)], t) for t in by_seq.tiles[:n].tolist()]
     assert keys == sorted(keys)
+
+
+def test_groups_of_two_waves_from_whole_sequences_are_the_ops_list():
+    """`wavesK` regroups the whole-sequence order; with the op's two waves it gives the op's list."""
+    import torch
+
+    from jfa_prof.inputs import offsets_from_lengths
+    from jfa_prof.schedule import GROUP_WAVES, fwd_work_list
+
+    lens = torch.randint(0, 900, (40, ), generator=torch.Generator().manual_seed(0))
+    off = offsets_from_lengths(lens)
+    wl = fwd_work_list(off, off, None, 2, int(lens.max()), block_m=128, block_n=128, window=None, causal=True,
+                       schedule="dynamic", n_ctas=5)
+    regrouped = _script().in_groups(_script().by_sequence(wl, off, 2), GROUP_WAVES * 5)
+    assert torch.equal(regrouped.tiles, wl.tiles) and torch.equal(regrouped.costs, wl.costs)
+    assert not torch.equal(_script().in_groups(_script().by_sequence(wl, off, 2), 5).tiles, wl.tiles)
