@@ -163,11 +163,15 @@ def workload_flags(workload: Mapping[str, Any] | None) -> str:
     """The command-line options that name a recorded workload (``meta["workload"]``)."""
     w = workload or {}
     parts = [f"--grid {w['grid']}"] if w.get("grid") else []
-    if w.get("grid") == "hsp" and w.get("Lq") is not None:
+    if w.get("broadcast_q", w.get("grid") == "hsp") and w.get("Lq") is not None:
         parts.append(f"--lq {w['Lq']}")
     for key, flag in (("max_kv", "--max-kv"), ("sparsity", "--sparsity")):
         if w.get(key) is not None:
             parts.append(f"{flag} {w[key]}")
+    if w.get("seed"):  # the grids' lengths are drawn with seed 0 unless --seed says otherwise
+        parts.append(f"--seed {w['seed']}")
+    if w.get("causal"):
+        parts.append("--causal")
     return " ".join(parts)
 
 

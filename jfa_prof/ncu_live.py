@@ -76,6 +76,7 @@ class LiveRun:
     pass_: str = "fwd"
     dq: str | None = None  # backward: the dQ reduction (jfa_prof.ablations.BWD_DQ)
     profile: int = 0  # instrumentation level (kernels/profiling.py): what it costs shows against level 0
+    causal: bool = False  # the workload with the causal mask (jagged-Q grids)
 
     @property
     def tag(self) -> str:
@@ -94,6 +95,8 @@ class LiveRun:
                             ("--seed", self.seed)):
             if value is not None:
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        if self.causal:
+            args.append("--causal")
         if not self.peel:
             args.append("--no-peel")
         if self.profile:

@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-kv", type=int, help="longest KV sequence")
     ap.add_argument("--sparsity", type=float, help="mean length / max")
     ap.add_argument("--seed", type=int, help="seed of the sequence lengths")
+    ap.add_argument("--causal", action="store_true", help="the workload with the causal mask (jagged-Q grids)")
     ap.add_argument("--no-peel", action="store_true", help="mask every KV block (no peeled mask tail)")
     ap.add_argument("--profile", type=int, default=0, help=f"instrumentation level: {PROFILE_LEVELS_HELP}")
     ap.add_argument("--launches", type=int, default=WARMUP_LAUNCHES + PROFILED_LAUNCHES,
@@ -68,6 +69,10 @@ def run(args: argparse.Namespace) -> str:
                                    seed=args.seed)
     except ValueError as err:
         raise BadInputError(str(err)) from None
+    if args.causal:
+        from jfa_prof.bench.run import causal_variants
+
+        workload = causal_variants(workload.grid, [workload])[0]
     schedule = ablations.pass_options(args.pass_, args.schedule, args.dq, broadcast_q=workload.broadcast_q)
     if not torch.cuda.is_available():
         raise NoGpuError("no CUDA GPU is visible: the forward kernel needs an sm_90 GPU")

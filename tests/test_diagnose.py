@@ -405,3 +405,22 @@ def test_an_ablation_lowers_the_share_of_its_cause(key):
 def test_a_plant_raises_the_share_of_its_cause(key):
     op, planted = _shares_against_op(key, PLANTED_BUILDS[key])
     assert planted > 1.5 * op, (key, planted, op)
+
+
+def test_a_causal_recording_is_diagnosed_with_experiments_on_the_causal_workload():
+    """A live recording of causal jagged self-attention (H200): every experiment's command names --causal,
+    or it would time the workload without the mask."""
+    import json as _json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from jfa_prof.cli import app
+
+    trace = Path(__file__).parent / "data/traces/roles/h200_fwd_jagged_kv512_s1_causal_level3.jfatrace"
+    result = CliRunner().invoke(app, ["diagnose", "--trace", str(trace), "--no-spills", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = _json.loads(result.stdout)
+    assert doc["workload"] == "jagged max=512 s=1 causal"
+    commands = [c["experiment"] for c in doc["causes"] if "--grid" in c["experiment"]]
+    assert commands and all("--causal" in c for c in commands), commands

@@ -86,3 +86,62 @@ def test_live_only_options_next_to_results_are_refused(tmp_path):
     _refused(runner.invoke(app, ["bench", "--results", bench, "--out", str(tmp_path / "b.json")]), "--out",
              "live run")
     assert not (tmp_path / "b.json").exists()
+
+
+def test_causal_applies_to_jagged_q_workloads_only(tmp_path, no_live):
+    from jfa_prof.commands.options import resolve_workload
+    from jfa_prof.errors import BadInputError
+    from jfa_prof.ncu_live import LiveRun
+    from jfa_prof.ncu_target import build_parser
+
+    w = resolve_workload("jagged", None, 2048, 1.0, None, causal=True)
+    assert w.causal and w.label == "jagged max=2048 s=1 causal"
+    assert not resolve_workload("jagged", None, 2048, 1.0, None).causal
+    with pytest.raises(BadInputError, match="broadcasts Q") as info:
+        resolve_workload("hsp", 256, 2048, 0.5, None, causal=True)
+    assert "--grid jagged or dense" in info.value.hint
+    # Refused before any GPU is looked for, by each command that builds a workload.
+    _refused(runner.invoke(app, ["waterfall", "--grid", "hsp", "--causal", "--out", str(tmp_path / "w.html")]),
+             "broadcasts Q")
+    _refused(runner.invoke(app, ["record", "-o", str(tmp_path / "t.jfatrace"), "--grid", "long", "--causal"]),
+             "broadcasts Q")
+    # ncu's target process gets the mask too.
+    args = LiveRun(grid="jagged", max_kv=2048, sparsity=1.0, causal=True).target_args()
+    assert "--causal" in args and build_parser().parse_args(args).causal
+    assert "--causal" not in LiveRun(grid="jagged").target_args()
+
+
+def test_causal_has_no_bundled_recording_to_fall_back_on(tmp_path, no_live):
+    _refused(runner.invoke(app, ["diagnose", "--grid", "jagged", "--causal"]), "causal", "no GPU")
+    recorded = write_waterfall(tmp_path / "wf.json")
+    _refused(runner.invoke(app, ["waterfall", "--results", str(recorded), "--causal", "--out",
+                                 str(tmp_path / "w.html")]), "--causal", "--results")
+
+
+def test_an_ncu_report_of_a_causal_workload_says_so_in_its_name():
+    from jfa_prof.commands.ncu import _default_name
+    from jfa_prof.commands.options import resolve_workload
+    from jfa_prof.ncu_live import LiveRun
+
+    w = resolve_workload("jagged", None, 2048, 1.0, None, causal=True)
+    assert str(_default_name(w, LiveRun(grid="jagged", causal=True))) == "ncu_jagged_kv2048_s1_causal_dynamic.ncu-rep"
+    plain = resolve_workload("jagged", None, 2048, 1.0, None)
+    assert "causal" not in str(_default_name(plain, LiveRun(grid="jagged")))
+
+
+def test_heatmap_causal_without_a_gpu_has_no_bundled_recording(tmp_path, no_live):
+    _refused(runner.invoke(app, ["heatmap", "--grid", "jagged", "--causal", "--out", str(tmp_path / "h.html")]),
+             "causal=True")
+    _refused(runner.invoke(app, ["heatmap", "--trace", str(bundled_traces()[0]), "--causal",
+                                 "--out", str(tmp_path / "h.html")]), "--causal", "--trace")
+
+
+def test_a_diagnosis_names_the_workload_it_recorded_causal_and_seed_included():
+    from jfa_prof.analyses.diagnose import workload_flags
+
+    flags = workload_flags({"grid": "jagged", "Lq": 512, "max_kv": 512, "sparsity": 1.0, "broadcast_q": False,
+                            "causal": True, "seed": 0})
+    assert flags == "--grid jagged --max-kv 512 --sparsity 1.0 --causal"
+    flags = workload_flags({"grid": "long", "Lq": 512, "max_kv": 16384, "sparsity": 0.5, "broadcast_q": True,
+                            "causal": False, "seed": 3})
+    assert flags == "--grid long --lq 512 --max-kv 16384 --sparsity 0.5 --seed 3"

@@ -21,23 +21,19 @@ from jfa_prof.bench.results import _derive
 from jfa_prof.errors import BadInputError
 from jfa_prof.schedule import DEFAULT_SCHEDULE
 
-__all__ = ["fwd_host_breakdown", "impl_names", "run_bench", "select_workloads"]
+__all__ = ["causal_variants", "fwd_host_breakdown", "impl_names", "run_bench", "select_workloads"]
 
 
 def select_workloads(grid: str, labels: Sequence[str] | None = None, *, causal: bool = False) -> list:
     """The workloads of a SPEC §6 grid, or those of it with the given labels (the grid's own,
     without " causal"); `causal`: each with the causal mask (jagged-Q grids only)."""
-    from dataclasses import replace
-
     from jfa_prof.inputs import GRIDS
 
     if grid not in GRIDS:
         raise BadInputError(f"unknown grid {grid!r}", hint=f"one of {', '.join(GRIDS)}")
     ws = GRIDS[grid]
-    if causal and any(w.broadcast_q for w in ws):
-        raise BadInputError(f"the {grid} grid broadcasts Q: the causal mask is defined for jagged Q only",
-                            hint="--causal with --grid " + " or ".join(g for g, v in GRIDS.items()
-                                                                       if not any(w.broadcast_q for w in v)))
+    if causal:
+        causal_variants(grid, ws)  # refused before the labels are looked at
     if labels:
         by_label = {w.label: w for w in ws}
         missing = [lab for lab in labels if lab not in by_label]
@@ -45,7 +41,20 @@ def select_workloads(grid: str, labels: Sequence[str] | None = None, *, causal: 
             raise BadInputError(f"no {grid} workload labelled {', '.join(map(repr, missing))}",
                                 hint=f"labels look like {ws[0].label!r}")
         ws = [by_label[lab] for lab in labels]
-    return [replace(w, causal=True) for w in ws] if causal else list(ws)
+    return causal_variants(grid, ws) if causal else list(ws)
+
+
+def causal_variants(grid: str, ws: Sequence) -> list:
+    """`ws` (workloads of `grid`), each with the causal mask; refused for a broadcast-Q grid."""
+    from dataclasses import replace
+
+    from jfa_prof.inputs import GRIDS
+
+    if any(w.broadcast_q for w in ws):
+        raise BadInputError(f"the {grid} grid broadcasts Q: the causal mask is defined for jagged Q only",
+                            hint="--causal with --grid " + " or ".join(g for g, v in GRIDS.items()
+                                                                       if not any(w.broadcast_q for w in v)))
+    return [replace(w, causal=True) for w in ws]
 
 
 def impl_names(peers: Iterable[str], schedules: Sequence[str] = (DEFAULT_SCHEDULE,), pass_: str = "fwd") -> list[str]:

@@ -25,6 +25,7 @@ def diagnose(
     max_kv: opt.MaxKv = None,
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
+    causal: opt.Causal = False,
     schedule: Optional[str] = typer.Option(
         None, "--schedule", help="Live: fwd static, lpt or dynamic (default); bwd static (broadcast-Q's default) "
                                  "or dynamic (jagged Q's)."),
@@ -64,7 +65,8 @@ def diagnose(
     err = Console(stderr=True, highlight=False, soft_wrap=True)
 
     if trace is not None:
-        opt.refuse_with_files("--trace", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+        opt.refuse_with_files("--trace", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed,
+                              causal=causal or None)
         live_only = {"--schedule": schedule, "--dq": dq, "--ncu": ncu or None, "--waterfall": waterfall or None}
         given = [flag for flag, v in live_only.items() if v is not None]
         if given:
@@ -82,7 +84,7 @@ def diagnose(
         asked = [flag for flag, v in (("--schedule", schedule), ("--dq", dq)) if v is not None]
         ablations.pass_options(pass_, schedule, dq)  # bad options before anything is recorded or read
         tr, workload = _live_or_bundled(pass_, schedule, dq, err, grid=grid, lq=lq, max_kv=max_kv,
-                                        sparsity=sparsity, seed=seed)
+                                        sparsity=sparsity, seed=seed, causal=causal)
         if workload is None and asked:
             err.print(f"[yellow]{' and '.join(asked)} choose what a live recording runs; the bundled one ran "
                       f"{tr.schedule}[/]")
@@ -133,7 +135,7 @@ def _live_or_bundled(pass_: str, schedule: str | None, dq: str | None, err, **op
         from jfa_prof.recording import record_bwd_workload, record_workload
 
         workload = opt.resolve_workload(options["grid"], options["lq"], options["max_kv"], options["sparsity"],
-                                        options["seed"])
+                                        options["seed"], options["causal"])
         schedule = ablations.pass_options(pass_, schedule, dq, broadcast_q=workload.broadcast_q)
         with err.status(f"recording the {pass_} of {workload.label} ({schedule}) at level 3 on the GPU…"):
             if pass_ == "fwd":
@@ -142,6 +144,10 @@ def _live_or_bundled(pass_: str, schedule: str | None, dq: str | None, err, **op
                 tr = record_bwd_workload(workload, schedule, dq=dq, level=3)
         tr.origin = "live"
         return tr, workload
+    if options["causal"]:
+        raise BadInputError("no GPU here, and the bundled level-3 recordings are of workloads without the causal mask",
+                            hint="run `jfa-prof diagnose --causal` on a GPU machine (it records one live), or pass "
+                                 "--trace FILE of a causal level-3 recording")
     if options["seed"] is not None:
         raise BadInputError("--seed chooses the lengths of a live recording; the bundled ones were made with seed 0",
                             hint="drop --seed, or run on a GPU machine")
@@ -201,7 +207,7 @@ def _profile_ncu(workload, pass_: str, schedule: str, dq: str | None, err) -> Pa
     ncu_path = ncu_live.require_ncu()
     ncu_live.require_gpu_driver()
     run = ncu_live.LiveRun(schedule=schedule, grid=workload.grid, lq=workload.Lq, max_kv=workload.max_kv,
-                           sparsity=workload.sparsity, pass_=pass_,
+                           sparsity=workload.sparsity, pass_=pass_, causal=workload.causal,
                            dq=(dq or ablations.DEFAULT_DQ_NAME) if pass_ == "bwd" else None)
     out = ncu_live.report_path(Path(f"diagnose_{pass_}_{run.tag}"))
     argv = ncu_live.ncu_argv(ncu_path, out, ncu_live.target_argv(run), pass_=pass_)

@@ -63,6 +63,7 @@ def heatmap(
     max_kv: opt.MaxKv = None,
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
+    causal: opt.Causal = False,
 ) -> None:
     """SM × time heatmap of a forward launch, tile scheduler off and on.
 
@@ -80,7 +81,9 @@ def heatmap(
 
     check_writable(out)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    sides = _collect(clc, trace, trace_on, err, grid=grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+    # causal None when off: a bundled recording then matches whatever its mask.
+    sides = _collect(clc, trace, trace_on, err, grid=grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed,
+                     causal=causal or None)
 
     panels: list[dict[str, Any]] = []
     for side, tr in sides.items():
@@ -217,7 +220,7 @@ def _bundled(want: set[str], **workload) -> dict[str, Any]:
     return out
 
 
-def _record_live(want: set[str], err, *, grid, Lq, max_kv, sparsity, seed) -> dict[str, Any] | None:
+def _record_live(want: set[str], err, *, grid, Lq, max_kv, sparsity, seed, causal) -> dict[str, Any] | None:
     """Record each side on the GPU, or None when this machine cannot (then bundled data is used)."""
     import importlib.util
     import os
@@ -235,7 +238,7 @@ def _record_live(want: set[str], err, *, grid, Lq, max_kv, sparsity, seed) -> di
 
     if not torch.cuda.is_available():
         return None
-    workload = opt.resolve_workload(grid, Lq, max_kv, sparsity, seed)
+    workload = opt.resolve_workload(grid, Lq, max_kv, sparsity, seed, bool(causal))
     out = {}
     try:
         from jfa_prof.recording import record_workload

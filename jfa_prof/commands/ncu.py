@@ -30,6 +30,7 @@ def ncu(
     max_kv: opt.MaxKv = None,
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
+    causal: opt.Causal = False,
     no_peel: bool = typer.Option(False, "--no-peel", help="Live: mask every KV block (no peeled mask tail)."),
     vs_schedule: Optional[str] = typer.Option(
         None, "--vs-schedule", help="Live: also profile this schedule and compare it (B) against --schedule (A)."),
@@ -63,7 +64,7 @@ def ncu(
     from jfa_prof.ncu_metrics import normalize_arch
 
     live_options = {"--schedule": schedule, "--grid": grid, "--lq": lq, "--max-kv": max_kv,
-                    "--sparsity": sparsity, "--seed": seed, "--no-peel": no_peel or None,
+                    "--sparsity": sparsity, "--seed": seed, "--causal": causal or None, "--no-peel": no_peel or None,
                     "--vs-schedule": vs_schedule, "--vs-peel/--vs-no-peel": vs_peel, "-o": out,
                     "--pass": None if pass_ == "fwd" else pass_, "--dq": dq, "--vs-dq": vs_dq,
                     "--profile": profile or None, "--vs-profile": vs_profile}
@@ -82,7 +83,7 @@ def ncu(
             raise BadInputError("compare with either --compare FILE_B or --vs-schedule/--vs-peel/--vs-dq/--vs-profile, "
                                 "not both")
         a, b, runs = _live(pass_=pass_, schedule=schedule, peel=not no_peel, dq=dq, grid=grid or "hsp", lq=lq,
-                           max_kv=max_kv, sparsity=sparsity, seed=seed, vs_schedule=vs_schedule,
+                           max_kv=max_kv, sparsity=sparsity, seed=seed, causal=causal, vs_schedule=vs_schedule,
                            vs_peel=vs_peel, vs_dq=vs_dq, profile=profile, vs_profile=vs_profile, out=out,
                            arch=normalize_arch(arch), compare=compare)
         label_a = runs[0]["label"]
@@ -110,7 +111,7 @@ def _show(analysis, a, b, *, kernel, top, json, runs, label_a, label_b) -> None:
         typer.echo(render.to_json(data))
 
 
-def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_schedule, vs_peel, vs_dq, profile,
+def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, causal, vs_schedule, vs_peel, vs_dq, profile,
           vs_profile, out, arch, compare):
     """Profile A (and B when a --vs option asks), read the reports; (A, B or None, run records)."""
     from dataclasses import replace
@@ -132,7 +133,7 @@ def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_sch
         check_profile_level(vs_profile)
     ncu_path = ncu_live.require_ncu()
     ncu_live.require_gpu_driver()
-    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
+    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed, causal)
     schedule = ablations.pass_options(pass_, schedule, dq, broadcast_q=workload.broadcast_q)
     if pass_ == "bwd" and dq is None:
         dq = ablations.DEFAULT_DQ_NAME
@@ -140,7 +141,7 @@ def _live(*, pass_, schedule, peel, dq, grid, lq, max_kv, sparsity, seed, vs_sch
     # The resolved workload, so the B run and the file names match what A ran.
     run_a = ncu_live.LiveRun(schedule=schedule, peel=peel, grid=workload.grid, lq=workload.Lq,
                              max_kv=workload.max_kv, sparsity=workload.sparsity, seed=seed, pass_=pass_, dq=dq,
-                             profile=profile)
+                             profile=profile, causal=workload.causal)
     runs = [run_a]
     if any(v is not None for v in (vs_schedule, vs_peel, vs_dq, vs_profile)):
         run_b = replace(run_a, schedule=vs_schedule or schedule, peel=peel if vs_peel is None else vs_peel,
@@ -184,7 +185,7 @@ def _default_name(workload, run) -> Path:
     parts = ["ncu", workload.grid] if run.pass_ == "fwd" else ["ncu", "bwd", workload.grid]
     if workload.broadcast_q:
         parts.append(f"lq{workload.Lq}")
-    parts += [f"kv{workload.max_kv}", f"s{workload.sparsity:g}", run.tag]
+    parts += [f"kv{workload.max_kv}", f"s{workload.sparsity:g}"] + (["causal"] if workload.causal else []) + [run.tag]
     if run.seed is not None:
         parts.append(f"seed{run.seed}")
     return Path("_".join(parts) + ".ncu-rep")

@@ -49,6 +49,8 @@ Seed = Annotated[Optional[int], typer.Option("--seed", callback=_seed,
                                              help="Seed of the sequence lengths (live recordings; the bundled "
                                                   "ones were made with seed 0).")]
 Schedule = Annotated[str, typer.Option("--schedule", help="static, lpt or dynamic.")]
+Causal = Annotated[bool, typer.Option("--causal", help="The workload with the causal mask (bottom-right; jagged-Q "
+                                                       "grids: jagged, dense).")]
 
 
 def refuse_with_files(flag: str, **workload) -> None:
@@ -62,15 +64,21 @@ def refuse_with_files(flag: str, **workload) -> None:
                             hint=f"drop {' '.join(given)}, or drop {flag} to record live or pick a bundled recording")
 
 
-def resolve_workload(grid, lq, max_kv, sparsity, seed):
-    """The benchmark workload the options name; a clear BadInputError when none matches."""
+def resolve_workload(grid, lq, max_kv, sparsity, seed, causal=False):
+    """The benchmark workload the options name (with `causal`, its causal-mask variant); a clear
+    BadInputError when none matches."""
     from jfa_prof.errors import BadInputError
     from jfa_prof.inputs import select_workload
 
     try:
-        return select_workload(grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+        w = select_workload(grid, Lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
     except ValueError as e:
         raise BadInputError(str(e)) from None
+    if causal:
+        from jfa_prof.bench.run import causal_variants
+
+        w = causal_variants(w.grid, [w])[0]
+    return w
 
 
 def check_schedule(*schedules: str | None) -> None:

@@ -22,6 +22,7 @@ def record(
     max_kv: opt.MaxKv = None,
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
+    causal: opt.Causal = False,
     no_peel: bool = typer.Option(False, "--no-peel", help="Mask every KV block (no peeled mask tail)."),
     level: int = typer.Option(2, "--level", min=1, max=3,
                               help="1: tile records and warp-role spans; 2: also barrier waits (costs more); 3: also "
@@ -54,7 +55,7 @@ def record(
         raise BadInputError(f"--sample {sample} applies to --level 3 only (this is --level {level})")
     if pass_ == "bwd" and no_peel:
         raise BadInputError("--no-peel applies to the forward only: the backward's peeling has no switch")
-    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
+    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed, causal)
     schedule = ablations.pass_options(pass_, schedule, dq, broadcast_q=workload.broadcast_q)
     console = Console(stderr=True, highlight=False)
     with console.status(f"recording the {pass_} of {workload.label} ({schedule}) on the GPU…"):

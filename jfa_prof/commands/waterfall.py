@@ -26,6 +26,7 @@ def waterfall(
     max_kv: opt.MaxKv = None,
     sparsity: opt.Sparsity = None,
     seed: opt.Seed = None,
+    causal: opt.Causal = False,
     schedule: Optional[str] = typer.Option(
         None, "--schedule", help="fwd: static, lpt or dynamic (default); bwd: static (round-robin, broadcast-Q's "
                                  "default) or dynamic (the queue, jagged Q's)."),
@@ -65,7 +66,8 @@ def waterfall(
         if path is not None:
             check_writable(path)
     if results is not None:
-        opt.refuse_with_files("--results", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed)
+        opt.refuse_with_files("--results", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed,
+                              causal=causal or None)
         live_only = {"--save": save, "--schedule": schedule, "--dq": dq, "--ablate": ablate,
                      "--cumulative": cumulative or None}
         given = [flag for flag, v in live_only.items() if v is not None]
@@ -83,8 +85,8 @@ def waterfall(
         origin = "recorded"
         provenance = f"recorded on {rec.meta.get('gpu', 'an unknown GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
     else:
-        rec = _measure(pass_ or "fwd", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed, schedule=schedule,
-                       dq=dq, ablate=ablate, cumulative=cumulative, rep_ms=rep_ms)
+        rec = _measure(pass_ or "fwd", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed, causal=causal,
+                       schedule=schedule, dq=dq, ablate=ablate, cumulative=cumulative, rep_ms=rep_ms)
         origin = "live"
         provenance = f"measured on {rec.meta.get('gpu', 'this GPU')} on {str(rec.meta.get('date', '?'))[:10]}"
         if save is not None:
@@ -110,7 +112,7 @@ def waterfall(
     console.print(f"wrote {out}")
 
 
-def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, dq, ablate, cumulative, rep_ms):
+def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, causal, schedule, dq, ablate, cumulative, rep_ms):
     """Time the ablations live; a WaterfallRecord."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -118,7 +120,7 @@ def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, schedule, dq, abla
     from jfa_prof import ablations, timing
     from jfa_prof.inputs import workload_dict
 
-    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed)
+    workload = opt.resolve_workload(grid, lq, max_kv, sparsity, seed, causal)
     schedule = ablations.pass_options(pass_, schedule, dq, broadcast_q=workload.broadcast_q)
     if pass_ == "bwd" and dq is None:
         dq = ablations.DEFAULT_DQ_NAME
