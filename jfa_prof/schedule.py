@@ -22,12 +22,12 @@ from HBM. Whole sequences one after another fix that for long sequences but were
 ones (why is not measured yet); a group of two waves keeps a sequence's K/V in L2 between its tiles
 and runs the group's long tiles first. Tiles of one (batch, head) that cost the same stay side by
 side: a wave apart instead, HSP Lq=256 took 1.03-1.16x longer
-(benchmarks/results/variants/fwd_order_ab_split_h200_2026-12-04.json). Kernel alone, causal jagged self-attention on the H200
-(benchmarks/results/variants/fwd_order_ab_jagged_h200_2026-12-04.json): 0.80-0.89 of the tile-cost
-order's time from max=512 s=1 on (9.8 against 12.3 ms at max=2048 s=1), 0.98-1.02 at max=256 and
-at max=512 s=0.5; whole sequences without the groups take 1.19-1.27x the groups' time up to
-max=512, 1.03-1.15x beyond. Where every tile of a sequence costs the same (no mask but the sequence
-end: the HSP grid, non-causal jagged Q) the three orders are one list.
+(benchmarks/results/variants/fwd_order_ab_split_h200_2026-12-04.json). Kernel alone, causal jagged
+self-attention on the H200 (benchmarks/results/variants/fwd_order_ab_jagged_h200_2026-12-04.json):
+0.80-0.89 of the tile-cost order's time from max=512 s=1 on (9.8 against 12.3 ms at max=2048 s=1),
+0.98-1.02 at max=256 and at max=512 s=0.5; whole sequences without the groups take 1.19-1.27x the
+groups' time up to max=512, 1.03-1.15x beyond. Where every tile of a sequence costs the same (no
+mask but the sequence end: the HSP grid, non-causal jagged Q) the three orders are one list.
 
 The forward's default is dynamic: timed kernel against kernel at level 0 on the H200
 (`benchmarks/profile_overhead.py`), it is within 1% of LPT or faster at every point measured, by
@@ -99,6 +99,12 @@ def sequence_blocks(kv_offsets: torch.Tensor, H: int, n_m_blocks: int, block_n: 
     return blocks.repeat_interleave(H * n_m_blocks)
 
 
+def cost_group_size(schedule: str, causal: bool, window: int | None, n_ctas: int) -> int | None:
+    """The list positions ordered by tile cost together: where the tiles of a sequence differ in cost
+    (causal, a window) under a cost-ordered schedule; else None, no groups."""
+    return GROUP_WAVES * n_ctas if schedule != "static" and (causal or window is not None) else None
+
+
 def by_cost_in_groups(order: torch.Tensor, cost: torch.Tensor, n_valid: torch.Tensor, size: int) -> torch.Tensor:
     """`order` with each run of `size` positions inside the valid prefix sorted by `cost` (of the
     listed tiles, in list order), largest first, ties in list order; the rest kept."""
@@ -142,13 +148,13 @@ def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: 
         from jfa_prof.kernels.fwd import kv_block_n
 
         block_n = kv_block_n(n_m_blocks)
+    group_size = cost_group_size(schedule, causal, window, n_ctas)
     if kv_offsets.is_cuda and not reference:
         from jfa_prof.kernels.plan import fwd_work_list_gpu
 
         tiles, n_work, costs, queue = fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m=block_m,
                                                         block_n=block_n, window=window, causal=causal,
-                                                        schedule=schedule, n_ctas=n_ctas,
-                                                        group_size=GROUP_WAVES * n_ctas)
+                                                        schedule=schedule, n_ctas=n_ctas, group_size=group_size)
         return WorkList(tiles=tiles, n_work=n_work, costs=costs, n_m_blocks=n_m_blocks, queue=queue)
     cost, has_rows = fwd_tile_costs(kv_offsets, q_offsets, Lq, H, n_m_blocks, block_m, block_n, window, causal)
     n_work = has_rows.sum().to(torch.int32).reshape(1)
@@ -160,8 +166,8 @@ def fwd_work_list(kv_offsets: torch.Tensor, q_offsets: torch.Tensor | None, Lq: 
         # run (they write zeros).
         key = torch.where(has_rows, sequence_blocks(kv_offsets, H, n_m_blocks, block_n) + 1, 0)
     order = torch.sort(key, descending=True, stable=True).indices
-    if schedule != "static" and (causal or window is not None):
-        order = by_cost_in_groups(order, cost[order], n_work, GROUP_WAVES * n_ctas)
+    if group_size is not None:
+        order = by_cost_in_groups(order, cost[order], n_work, group_size)
     if schedule == "lpt":
         order = zigzag(order, n_work, n_ctas)
     return WorkList(tiles=order.to(torch.int32), n_work=n_work, costs=cost[order].to(torch.int32),

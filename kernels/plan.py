@@ -118,12 +118,11 @@ def fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, *, block_m, bloc
                       n_ctas, group_size):
     """(tiles, n_work, costs, queue) in execution order; see `jfa_prof.schedule.fwd_work_list`. queue is a
     zeroed tile counter for the dynamic schedule, written with n_work by the second kernel. `group_size`:
-    the list positions ordered by tile cost together where a sequence's tiles differ in cost."""
+    the list positions a third kernel orders by tile cost together, or None for no such groups."""
     B = kv_offsets.numel() - 1
     n = B * H * n_m_blocks
     n_chunks = triton.cdiv(n, _BLOCK)
-    # Where a sequence's tiles differ in cost, a third kernel orders each group by tile cost.
-    grouped = schedule != "static" and (causal or window is not None)
+    grouped = group_size is not None
     lists = 4 if grouped else 2
     # One allocation, cut into the lists and the scratch the kernels share.
     buf = torch.empty((2 + lists) * n + n_chunks * _KEYS + 2, dtype=torch.int32, device=kv_offsets.device)
@@ -138,10 +137,9 @@ def fwd_work_list_gpu(kv_offsets, q_offsets, Lq, H, n_m_blocks, *, block_m, bloc
     _plan_deal[grid](keys, costs, counts, tiles, costs_out, counters, n, n_chunks, n_ctas,
                      ZIGZAG=schedule == "lpt" and not grouped, KEYS=_KEYS, BLOCK=_BLOCK)
     if grouped:
-        size = group_size
         out, costs_grouped = buf[4 * n:5 * n], buf[5 * n:6 * n]
-        _plan_group[(triton.cdiv(n, size), )](tiles, costs_out, out, costs_grouped, counters, n, n_ctas, size,
-                                              ZIGZAG=schedule == "lpt", KEYS=_KEYS,
-                                              SEG=triton.next_power_of_2(size))
+        _plan_group[(triton.cdiv(n, group_size), )](tiles, costs_out, out, costs_grouped, counters, n, n_ctas,
+                                                    group_size, ZIGZAG=schedule == "lpt", KEYS=_KEYS,
+                                                    SEG=triton.next_power_of_2(group_size))
         tiles, costs_out = out, costs_grouped
     return tiles, counters[:1], costs_out, counters[1:]

@@ -117,7 +117,7 @@ _PLAN_CHILD = """
 import itertools, json, torch
 from jfa_prof.inputs import offsets_from_lengths
 from jfa_prof.kernels.plan import fwd_work_list_gpu
-from jfa_prof.schedule import GROUP_WAVES, fwd_work_list
+from jfa_prof.schedule import cost_group_size, fwd_work_list
 g = torch.Generator().manual_seed(3)
 for schedule, broadcast in itertools.product(["static", "lpt", "dynamic"], [True, False]):
     # Lengths 0, 1 and one past a block among random ones; jagged Q gives over 1024 tiles (two chunks).
@@ -128,7 +128,7 @@ for schedule, broadcast in itertools.product(["static", "lpt", "dynamic"], [True
     kw = dict(block_m=128, block_n=128, window=None, causal=not broadcast, schedule=schedule, n_ctas=7)
     ref = fwd_work_list(kv_off, q_off, Lq, 2, rows, **kw, reference=True)
     tiles, n_work, costs, queue = fwd_work_list_gpu(kv_off, q_off, Lq, 2, ref.n_m_blocks, **kw,
-                                                    group_size=GROUP_WAVES * 7)
+                                                    group_size=cost_group_size(schedule, not broadcast, None, 7))
     print(json.dumps({"case": f"{schedule} broadcast={broadcast}", "tiles": tiles.numel(),
                       "same": torch.equal(tiles, ref.tiles) and torch.equal(n_work, ref.n_work)
                       and torch.equal(costs, ref.costs) and int(queue) == 0}))
