@@ -112,7 +112,13 @@ def test_causal_applies_to_jagged_q_workloads_only(tmp_path, no_live):
 
 
 def test_causal_has_no_bundled_recording_to_fall_back_on(tmp_path, no_live):
-    _refused(runner.invoke(app, ["diagnose", "--grid", "jagged", "--causal"]), "causal", "no GPU")
+    # No causal backward recording is at hand; the forward's committed one is read instead of a live run.
+    _refused(runner.invoke(app, ["diagnose", "--pass", "bwd", "--grid", "jagged", "--causal"]), "causal", "no GPU")
+    found = runner.invoke(app, ["diagnose", "--grid", "jagged", "--causal", "--no-spills"])
+    assert found.exit_code == 0, found.output
+    assert "jagged max=512 s=1 causal" in found.stdout
+    # Without --causal that recording is not the workload asked for.
+    _refused(runner.invoke(app, ["diagnose", "--grid", "jagged", "--max-kv", "512"]), "causal=False", "no GPU")
     recorded = write_waterfall(tmp_path / "wf.json")
     _refused(runner.invoke(app, ["waterfall", "--results", str(recorded), "--causal", "--out",
                                  str(tmp_path / "w.html")]), "--causal", "--results")

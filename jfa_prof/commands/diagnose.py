@@ -144,15 +144,12 @@ def _live_or_bundled(pass_: str, schedule: str | None, dq: str | None, err, **op
                 tr = record_bwd_workload(workload, schedule, dq=dq, level=3)
         tr.origin = "live"
         return tr, workload
-    if options["causal"]:
-        raise BadInputError("no GPU here, and the bundled level-3 recordings are of workloads without the causal mask",
-                            hint="run `jfa-prof diagnose --causal` on a GPU machine (it records one live), or pass "
-                                 "--trace FILE of a causal level-3 recording")
     if options["seed"] is not None:
         raise BadInputError("--seed chooses the lengths of a live recording; the bundled ones were made with seed 0",
                             hint="drop --seed, or run on a GPU machine")
+    # The mask always: without --causal a causal recording is not the workload asked for.
     wanted = {"grid": options["grid"], "Lq": options["lq"], "max_kv": options["max_kv"],
-              "sparsity": options["sparsity"]}
+              "sparsity": options["sparsity"], "causal": bool(options["causal"])}
     # The op as built: a recording of a build with a planted bottleneck would diagnose that build.
     found = level3_recordings(pass_, modified=False, **wanted)
     if not found:
