@@ -57,22 +57,14 @@ def run(args: argparse.Namespace) -> str:
     import torch
 
     from jfa_prof import ablations
+    from jfa_prof.commands.options import resolve_workload
     from jfa_prof.errors import BadInputError, NoGpuError, TlxUnavailableError
-    from jfa_prof.inputs import select_workload
 
     ablations.pass_options(args.pass_, args.schedule, args.dq)
     if args.launches < 1:
         raise BadInputError(f"--launches must be at least 1, got {args.launches}")
     check_profile_level(args.profile)
-    try:
-        workload = select_workload(args.grid, Lq=args.lq, max_kv=args.max_kv, sparsity=args.sparsity,
-                                   seed=args.seed)
-    except ValueError as err:
-        raise BadInputError(str(err)) from None
-    if args.causal:
-        from jfa_prof.bench.run import causal_variants
-
-        workload = causal_variants(workload.grid, [workload])[0]
+    workload = resolve_workload(args.grid, args.lq, args.max_kv, args.sparsity, args.seed, args.causal)
     schedule = ablations.pass_options(args.pass_, args.schedule, args.dq, broadcast_q=workload.broadcast_q)
     if not torch.cuda.is_available():
         raise NoGpuError("no CUDA GPU is visible: the forward kernel needs an sm_90 GPU")
