@@ -21,8 +21,8 @@ the two helper kernels are plain Triton. Kernels:
   warpgroups (240 registers each) own 64 of the tile's keys each. Per step (one query block of one
   head): S^T = K Q^T and dP^T = V dO^T go to the tensor cores together (the two consumers in
   turn, consumer 1 first) and P^T is computed while dP^T runs; dS^T goes to shared memory while
-  dV += P^T dO and dK += dS^T Q run, then dQ^T = K^T dS^T, which needs both consumers' halves of
-  dS^T (a named barrier between the two).
+  dV += P^T dO runs, then dQ^T = K^T dS^T, which needs both consumers' halves of dS^T (a named
+  barrier between the two), then dK += dS^T Q, which runs while dQ^T is staged for the producer.
   Against the same step run by two warpgroups that also issued the copies and the reduce-adds
   (8 warps, no producer): 1.06-1.14x faster on the H200
   (benchmarks/results/variants/bwd_ab_warp_specialized_*).
@@ -693,8 +693,9 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                     delta = tlx.local_load(delta_bufs[slot_o])
                     ds_t = (p_t * (dp_t - delta[None, :])).to(dtype)
                     dv = tlx.async_dot(p_t.to(dtype), do_s, dv)
-                    dk = tlx.async_dot(ds_t, q_s, dk)
-                    if not NO_DQ:
+                    if NO_DQ:
+                        dk = tlx.async_dot(ds_t, q_s, dk)
+                    else:
                         ds_all = ds_bufs[slot_o]
                         tlx.local_store(tlx.local_slice(ds_all, [cid * HALF, 0], [HALF, BLOCK_M]), ds_t)
                         tlx.fence("async_shared")
@@ -708,8 +709,14 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                                 k_cols = tlx.local_slice(k_all, [0, cid * HALF], [BLOCK_N, HALF])
                             else:
                                 k_cols = k_all
+                            # dK goes after dQ^T, so that dQ^T's wait leaves dK in flight while dQ^T
+                            # is staged (FA4's order). Against dK before the barrier: 1.00-1.02x
+                            # faster on the H200, kernel alone; 1.016x at HSP Lq=128 s=0.1 in all
+                            # three rounds, elsewhere inside the rounds' spread
+                            # (benchmarks/results/variants/bwd_ab_fa4_order_*).
                             dq_t = tlx.async_dot(tlx.local_trans(k_cols), ds_all)
-                            dq_t = tlx.async_dot_wait(0, dq_t) * sm_scale
+                            dk = tlx.async_dot(ds_t, q_s, dk)
+                            dq_t = tlx.async_dot_wait(1, dq_t) * sm_scale
                             COL0: tl.constexpr = cid * HALF if SPLIT_DQ else 0
                             if DQ_MODE == DQ_TMA:
                                 dq_wait, dq_waits = _stage_dq(dq_stage, dq_fulls, dq_empties, step, dq_t, COL0, cid,
@@ -721,6 +728,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                             # Not its turn: its half is in; on to the next step. (The barrier ids
                             # alternate with the step, so an early arrival cannot count twice.)
                             tlx.named_barrier_arrive(_STEP_BAR + slot, _CONSUMER_THREADS)
+                            dk = tlx.async_dot(ds_t, q_s, dk)
                     dv = tlx.async_dot_wait(0, dv)
                     dk = tlx.async_dot_wait(0, dk)
                     tlx.barrier_arrive(step_empties[slot], 1)  # this step's Q and dO are read
