@@ -50,7 +50,7 @@ SANITIZER_CANDIDATES = (
     "/usr/local/cuda/compute-sanitizer/compute-sanitizer",
 )
 BUNDLED_TOOLS = ("ptxas", "cuobjdump", "nvdisasm")
-ALL_TOOLS = (*BUNDLED_TOOLS, "ncu", "compute-sanitizer", "ncu_report")
+ALL_TOOLS = (*BUNDLED_TOOLS, "ncu", "compute-sanitizer", "ncu_report", "plotly")
 
 
 # ---- facts -----------------------------------------------------------------------------------
@@ -221,6 +221,9 @@ def assess(env: Environment) -> list[Check]:
     checks.append(_optional_tool_check(
         env.tools.get("ncu_report") or ToolInfo("ncu_report"),
         "reading .ncu-rep files needs it", fix="pip install ncu-report"))
+    checks.append(_optional_tool_check(
+        env.tools.get("plotly") or ToolInfo("plotly"),
+        "the charts need it: heatmap, waterfall, bench --html, timeline --html", fix="pip install plotly"))
     checks.append(_optional_tool_check(
         env.tools.get("compute-sanitizer") or ToolInfo("compute-sanitizer"),
         "memcheck/racecheck runs need it"))
@@ -468,7 +471,9 @@ def probe_tools(triton_info: TritonInfo | None = None) -> dict[str, ToolInfo]:
     tools["compute-sanitizer"] = _safely(
         lambda: _probe_external("compute-sanitizer", SANITIZER_CANDIDATES),
         lambda err: ToolInfo("compute-sanitizer", error=err))
-    tools["ncu_report"] = _safely(_probe_ncu_report, lambda err: ToolInfo("ncu_report", error=err))
+    for module, dist in (("ncu_report", "ncu-report"), ("plotly", "plotly")):
+        tools[module] = _safely(lambda module=module, dist=dist: _probe_module(module, dist),
+                                lambda err, module=module: ToolInfo(module, error=err))
     return tools
 
 
@@ -524,11 +529,11 @@ def _locate(name: str, candidates: tuple[str, ...]) -> tuple[str | None, str | N
     return None, None
 
 
-def _probe_ncu_report() -> ToolInfo:
-    spec = importlib.util.find_spec("ncu_report")
+def _probe_module(module: str, dist: str) -> ToolInfo:
+    spec = importlib.util.find_spec(module)
     if spec is None:
-        return ToolInfo("ncu_report", error="module not installed")
-    return ToolInfo("ncu_report", spec.origin, _installed_version("ncu-report"), "python module")
+        return ToolInfo(module, error="module not installed")
+    return ToolInfo(module, spec.origin, _installed_version(dist), "python module")
 
 
 def _run_version(path: str, pattern: str) -> tuple[str | None, str | None]:

@@ -9,7 +9,7 @@ import pytest
 
 from jfa_prof import ablations
 from jfa_prof.ablations import Ablation, WaterfallRecord, load_waterfall, measure_waterfall, n_steps
-from jfa_prof.errors import BadInputError, JfaProfError
+from jfa_prof.errors import BadInputError, JfaProfError, ToolMissingError
 
 FAKE = {"no_o_store": (1, "stores"), "no_exp": (2, "exp"), "reuse_kv": (4, "loads"), "no_mask": (8, "mask")}
 
@@ -170,6 +170,40 @@ def test_load_waterfall_errors(tmp_path):
     broken.write_text(json.dumps({"kind": ablations.RECORD_KIND, "timings": {"baseline_ms": 1.0}}))
     with pytest.raises(BadInputError, match="malformed"):
         load_waterfall(broken)
+
+
+# ---- the command on a machine without plotly (a GPU image may lack it) ------------------------
+
+def _no_plotly_run(tmp_path, monkeypatch, args):
+    from typer.testing import CliRunner
+
+    from jfa_prof.cli import app
+    from jfa_prof.commands import waterfall as waterfall_cmd
+    from tests.resultgen import write_waterfall
+
+    recorded = load_waterfall(write_waterfall(tmp_path / "recorded.json"))
+    measured = []
+    monkeypatch.setattr("jfa_prof.render.figures.have_plotly", lambda: False)
+    monkeypatch.setattr(waterfall_cmd, "_measure", lambda *a, **k: measured.append(k) or recorded)
+    return CliRunner().invoke(app, ["waterfall", "--out", str(tmp_path / "w.html"), *args]), measured
+
+
+def test_waterfall_without_plotly_refuses_before_measuring(tmp_path, monkeypatch):
+    result, measured = _no_plotly_run(tmp_path, monkeypatch, [])
+    assert result.exit_code == ToolMissingError.exit_code and measured == []
+    assert "needs plotly" in result.output and "--save" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "w.html").exists()
+
+
+def test_waterfall_without_plotly_still_measures_what_it_saves(tmp_path, monkeypatch):
+    save = tmp_path / "wf.json"
+    result, measured = _no_plotly_run(tmp_path, monkeypatch, ["--save", str(save)])
+    assert result.exit_code == 0, result.output
+    assert len(measured) == 1 and load_waterfall(save).timings.baseline_ms == pytest.approx(1.2898)
+    assert "no chart written: plotly is not installed" in result.output and not (tmp_path / "w.html").exists()
+    assert "saved timings to" in result.output and "1.2898" in result.output  # the table, with the baseline
+    result, _ = _no_plotly_run(tmp_path, monkeypatch, ["--save", str(tmp_path / "again.json"), "--json"])
+    assert json.loads(result.output)["html"] is None
 
 
 @pytest.mark.gpu

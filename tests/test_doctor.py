@@ -1,5 +1,6 @@
 import dataclasses
 import importlib.metadata
+import importlib.util
 import io
 import json
 import os
@@ -84,6 +85,13 @@ def test_missing_optional_tools_are_warnings_not_failures(env):
         assert check.status is (Status.OK if env.tools[name].found else Status.WARN)
 
 
+def test_a_missing_plotly_is_a_warning_naming_the_charts(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else real(name, *a))
+    check = _check(probe_environment(), "plotly")
+    assert check.status is Status.WARN and "charts" in check.detail and check.fix == "pip install plotly"
+
+
 def test_json_output_parses_and_has_the_keys(env):
     result = runner.invoke(app, ["doctor", "--json"])
     assert result.exit_code == (0 if env.healthy else 1)
@@ -93,7 +101,7 @@ def test_json_output_parses_and_has_the_keys(env):
     assert {"version", "cuda_build", "cuda_available"} <= data["torch"].keys()
     assert {"version", "file", "fbtriton_version", "upstream_version", "tlx_importable",
             "is_tlx_fork", "conflict"} <= data["triton"].keys()
-    assert {"ptxas", "cuobjdump", "nvdisasm", "ncu", "compute-sanitizer", "ncu_report"} <= data["tools"].keys()
+    assert {"ptxas", "cuobjdump", "nvdisasm", "ncu", "compute-sanitizer", "ncu_report", "plotly"} <= data["tools"].keys()
     assert {"mode", "summary", "reasons", "note", "healthy"} <= data["verdict"].keys()
     assert data["verdict"]["mode"] in {m.value for m in Mode}
     assert all(c["status"] in {"ok", "warn", "fail"} for c in data["checks"])

@@ -57,14 +57,21 @@ def waterfall(
 
     from jfa_prof.ablations import load_waterfall
     from jfa_prof.analyses.waterfall import waterfall as decompose
-    from jfa_prof.render import waterfall as render
+    from jfa_prof.errors import ToolMissingError
     from jfa_prof.files import check_writable, write_atomic
-    from jfa_prof.render.heatmap import write_html
+    from jfa_prof.render import waterfall as render
+    from jfa_prof.render.figures import have_plotly
 
-    # Before the minutes of timing, so an impossible path fails at once.
+    # Before the minutes of timing, so an impossible path or a chart that cannot be drawn fails at
+    # once. Without plotly a live run still measures when its timings are saved (--save).
     for path in (out, save):
         if path is not None:
             check_writable(path)
+    chart = have_plotly()
+    if not chart and (results is not None or save is None):
+        raise ToolMissingError(
+            "the waterfall chart needs plotly, which is not installed here",
+            hint="pip install plotly; or measure here with --save FILE and draw the chart elsewhere with --results FILE")
     if results is not None:
         opt.refuse_with_files("--results", grid=grid, lq=lq, max_kv=max_kv, sparsity=sparsity, seed=seed,
                               causal=causal or None)
@@ -97,11 +104,14 @@ def waterfall(
     tflops = rec.baseline_tflops
     title = f"{wf.pass_} kernel time by component · {label} · {rec.variant}"
     subtitle = provenance + (f" · baseline {tflops:.0f} TFLOPS" if tflops else "")
-    write_html(render.waterfall_figure(wf, title=title, subtitle=subtitle), out)
+    if chart:
+        from jfa_prof.render.heatmap import write_html
+
+        write_html(render.waterfall_figure(wf, title=title, subtitle=subtitle), out)
 
     if json:
         typer.echo(_json.dumps({**rec.to_dict(), "origin": origin, "provenance": provenance,
-                                "waterfall": wf.to_dict(), "html": str(out)}, indent=2))
+                                "waterfall": wf.to_dict(), "html": str(out) if chart else None}, indent=2))
         return
     console = Console(highlight=False, soft_wrap=True)
     console.print(f"[bold]{wf.pass_}[/] · {label} · schedule {rec.variant} · {provenance}"
@@ -109,7 +119,11 @@ def waterfall(
     render.waterfall_table(wf, console)
     if save is not None and results is None:
         console.print(f"saved timings to {save}")
-    console.print(f"wrote {out}")
+    if chart:
+        console.print(f"wrote {out}")
+    else:
+        console.print(f"[yellow]no chart written: plotly is not installed here[/] (draw it with "
+                      f"`jfa-prof waterfall --results {save} --out {out}` where it is)")
 
 
 def _measure(pass_: str, *, grid, lq, max_kv, sparsity, seed, causal, schedule, dq, ablate, cumulative, rep_ms):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONFIG", "NOTEBOOK_RENDERER", "ranked_bars_layout", "use_notebook_renderer"]
+__all__ = ["CONFIG", "NOTEBOOK_RENDERER", "have_plotly", "ranked_bars_layout", "use_notebook_renderer"]
 
 CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
 
@@ -42,3 +42,15 @@ def ranked_bars_layout(fig, *, title: str | None, n_rows: int, n_groups: int, x_
         yaxis={"autorange": "reversed"}, legend={"orientation": "h", "y": -0.12, "title": {"text": legend_title}},
         margin={"l": 150, "r": 30, "t": 60, "b": 60})
     return fig
+
+
+def have_plotly() -> bool:
+    """Whether charts can be drawn here: plotly is a dependency, but a machine set up by hand (a GPU
+    image with only the kernels' packages) may lack it, and a command should say so before it
+    measures, not fail on a traceback after."""
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        return False
+    return True
+

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
-import plotly.graph_objects as go
+from typing import TYPE_CHECKING
+
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from jfa_prof.analyses.waterfall import Waterfall
+
+if TYPE_CHECKING:  # plotly is imported where a chart is drawn, so the table works without it
+    import plotly.graph_objects as go
 
 __all__ = ["PIECE_NAMES", "bar_labels", "escape_hover", "piece_name", "waterfall_figure", "waterfall_table"]
 
@@ -77,6 +81,8 @@ def waterfall_figure(wf: Waterfall, *, title: str | None = None, subtitle: str |
 
     Bars use ``wf.basis``: cumulative steps (exact, they add up) or savings alone (which can
     overlap, then the remainder is only indicative and the chart says so)."""
+    import plotly.graph_objects as go
+
     names = [piece_name(c.name) for c in wf.components]
     savings = wf.savings()
     x = ["baseline", *names, "remainder" if wf.basis == "cumulative" else "remainder (indicative)"]
