@@ -38,8 +38,9 @@ overhead() {  # instrumentation and host-launch overhead
   profile
   python benchmarks/launch_overhead.py --out "$OUT/launch_overhead.json" 2>&1 | tail -6
 }
-host() {  # where one call's host time goes, piece by piece, beside FA4's when importable
+host() {  # where one call's host time goes, piece by piece, beside FA4's when importable; when each launch is enqueued
   python benchmarks/host_path.py --out "$OUT/host_path.json" 2>&1 | grep -v Warn | tail -44
+  python benchmarks/host_timeline.py --out "$OUT/host_timeline.json" 2>&1 | grep -v Warn | tail -4
 }
 roles() {  # level-3 recordings of the op's build, planted bottlenecks and ablations; every level's cost, both passes
   python benchmarks/roles_record.py --out-dir "$OUT/traces" 2>&1 | grep -v Warn | tail -12
