@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab bwd_breakdown ncu_prof calibration limits roles
+#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab bwd_breakdown bwd_kv2 bwd_kv2_tests ncu_prof
+#   calibration limits roles
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -128,6 +129,25 @@ bwd_breakdown() {  # where each backward consumer's time goes at the tile bounda
     || { echo "the breakdown patch does not apply to this kernels/bwd.py" >&2; return 1; }
   python benchmarks/bwd_epilogue_breakdown.py --build "$OUT/bwd_breakdown.py" --out "$OUT/bwd_epilogue_breakdown.json" \
     2>&1 | grep -v Warn | tail -12
+}
+_kv2_build() {  # kernels/bwd.py with patches/bwd_kv_double_buffer.diff applied, to $OUT/bwd_kv2.py
+  patch -s -o "$OUT/bwd_kv2.py" kernels/bwd.py benchmarks/results/patches/bwd_kv_double_buffer.diff \
+    || { echo "the K/V double-buffer patch does not apply to this kernels/bwd.py" >&2; return 1; }
+}
+bwd_kv2() {  # K / V double-buffered across tiles (patches/bwd_kv_double_buffer.diff) against the checkout, kernel
+  # alone: each build checked against the fp32 reference and dK / dV bit for bit first. A time limit: a
+  # synchronization mistake hangs rather than fails.
+  _kv2_build || return 1
+  timeout 420 python benchmarks/kernel_ab.py --pass bwd --build kv2="$OUT/bwd_kv2.py" --rounds 3 \
+    --points 256,2048,0.5 256,4096,0.9 256,1024,0.9 128,1024,0.1 128,4096,0.9 dense jagged,2048,1,causal \
+    --out "$OUT/bwd_ab_kv2.json" 2>&1 | grep -v Warn | tail -12
+}
+bwd_kv2_tests() {  # the GPU backward tests and the sanitizers with that patch in place (then the checkout restored)
+  _kv2_build || return 1
+  cp kernels/bwd.py "$OUT/bwd_checkout.py" && cp "$OUT/bwd_kv2.py" kernels/bwd.py
+  timeout 300 python -m pytest tests/test_bwd_gpu.py -m gpu -q -n 8 -p no:cacheprovider 2>&1 | grep -v Warning | tail -6
+  timeout 240 bash -c "$(declare -f sanitize); sanitize"
+  cp "$OUT/bwd_checkout.py" kernels/bwd.py
 }
 ncu_prof() {  # hardware counters of the forward uninstrumented (A) against tile records and spans (B), per schedule
   for s in ${NCU_SCHEDULES:-static dynamic}; do
