@@ -123,27 +123,26 @@ bwd_ab() {  # other backward builds against the checkout's: BWD_BEFORE="file ...
   done
   python benchmarks/bwd_ab.py "${args[@]}" --out "$OUT/bwd_ab.json" 2>&1 | grep -v Warn | tail -8
 }
-bwd_breakdown() {  # where each backward consumer's time goes at the tile boundary (clock reads in both consumers);
-  # the patch is made against the kernel it was measured on and may need refreshing after kernel changes
-  patch -s -o "$OUT/bwd_breakdown.py" kernels/bwd.py benchmarks/results/patches/bwd_epilogue_breakdown.diff \
-    || { echo "the breakdown patch does not apply to this kernels/bwd.py" >&2; return 1; }
+_patched_bwd() {  # kernels/bwd.py with patches/$1 applied, written to $2; a patch is made against the kernel of its
+  # day and may need refreshing after kernel changes
+  patch -s -o "$2" kernels/bwd.py "benchmarks/results/patches/$1" \
+    || { echo "patches/$1 does not apply to this kernels/bwd.py" >&2; return 1; }
+}
+bwd_breakdown() {  # where each backward consumer's time goes at the tile boundary (clock reads in both consumers)
+  _patched_bwd bwd_epilogue_breakdown.diff "$OUT/bwd_breakdown.py" || return 1
   python benchmarks/bwd_epilogue_breakdown.py --build "$OUT/bwd_breakdown.py" --out "$OUT/bwd_epilogue_breakdown.json" \
     2>&1 | grep -v Warn | tail -12
-}
-_kv2_build() {  # kernels/bwd.py with patches/bwd_kv_double_buffer.diff applied, to $OUT/bwd_kv2.py
-  patch -s -o "$OUT/bwd_kv2.py" kernels/bwd.py benchmarks/results/patches/bwd_kv_double_buffer.diff \
-    || { echo "the K/V double-buffer patch does not apply to this kernels/bwd.py" >&2; return 1; }
 }
 bwd_kv2() {  # K / V double-buffered across tiles (patches/bwd_kv_double_buffer.diff) against the checkout, kernel
   # alone: each build checked against the fp32 reference and dK / dV bit for bit first. A time limit: a
   # synchronization mistake hangs rather than fails.
-  _kv2_build || return 1
+  _patched_bwd bwd_kv_double_buffer.diff "$OUT/bwd_kv2.py" || return 1
   timeout 420 python benchmarks/kernel_ab.py --pass bwd --build kv2="$OUT/bwd_kv2.py" --rounds 3 \
     --points 256,2048,0.5 256,4096,0.9 256,1024,0.9 128,1024,0.1 128,4096,0.9 dense jagged,2048,1,causal \
     --out "$OUT/bwd_ab_kv2.json" 2>&1 | grep -v Warn | tail -12
 }
 bwd_kv2_tests() {  # the GPU backward tests and the sanitizers with that patch in place (then the checkout restored)
-  _kv2_build || return 1
+  _patched_bwd bwd_kv_double_buffer.diff "$OUT/bwd_kv2.py" || return 1
   cp kernels/bwd.py "$OUT/bwd_checkout.py" && cp "$OUT/bwd_kv2.py" kernels/bwd.py
   timeout 300 python -m pytest tests/test_bwd_gpu.py -m gpu -q -n 8 -p no:cacheprovider 2>&1 | grep -v Warning | tail -6
   timeout 240 bash -c "$(declare -f sanitize); sanitize"
