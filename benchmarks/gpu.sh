@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab bwd_breakdown bwd_kv2 bwd_kv2_tests ncu_prof
+#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab bwd_breakdown bwd_patch_ab bwd_patch_tests ncu_prof
 #   calibration limits roles
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
@@ -133,19 +133,23 @@ bwd_breakdown() {  # where each backward consumer's time goes at the tile bounda
   python benchmarks/bwd_epilogue_breakdown.py --build "$OUT/bwd_breakdown.py" --out "$OUT/bwd_epilogue_breakdown.json" \
     2>&1 | grep -v Warn | tail -12
 }
-bwd_kv2() {  # K / V double-buffered across tiles (patches/bwd_kv_double_buffer.diff) against the checkout, kernel
-  # alone: each build checked against the fp32 reference and dK / dV bit for bit first. A time limit: a
-  # synchronization mistake hangs rather than fails.
-  _patched_bwd bwd_kv_double_buffer.diff "$OUT/bwd_kv2.py" || return 1
-  timeout 420 python benchmarks/kernel_ab.py --pass bwd --build kv2="$OUT/bwd_kv2.py" --rounds 3 \
-    --points 256,2048,0.5 256,4096,0.9 256,1024,0.9 128,1024,0.1 128,4096,0.9 dense jagged,2048,1,causal \
-    --out "$OUT/bwd_ab_kv2.json" 2>&1 | grep -v Warn | tail -12
+bwd_patch_ab() {  # backward builds made of patches (BWD_PATCHES="LABEL=FILE.diff ...", files in patches/) against the
+  # checkout, kernel alone at BWD_POINTS: each build checked against the fp32 reference and dK / dV bit for bit
+  # first. A time limit: a synchronization mistake hangs rather than fails.
+  local args=() spec
+  for spec in ${BWD_PATCHES:?set BWD_PATCHES to LABEL=FILE.diff ...}; do
+    _patched_bwd "${spec#*=}" "$OUT/bwd_${spec%%=*}.py" || return 1
+    args+=(--build "${spec%%=*}=$OUT/bwd_${spec%%=*}.py")
+  done
+  timeout ${BWD_AB_LIMIT:-420} python benchmarks/kernel_ab.py --pass bwd "${args[@]}" --rounds ${BWD_ROUNDS:-3} \
+    --points ${BWD_POINTS:-256,2048,0.5 256,4096,0.9 256,1024,0.9 128,1024,0.1 128,4096,0.9 dense jagged,2048,1,causal} \
+    --out "$OUT/bwd_patch_ab.json" 2>&1 | grep -v Warn | tail -${BWD_AB_TAIL:-12}
 }
-bwd_kv2_tests() {  # the GPU backward tests and the sanitizers with that patch in place (then the checkout restored)
-  _patched_bwd bwd_kv_double_buffer.diff "$OUT/bwd_kv2.py" || return 1
-  cp kernels/bwd.py "$OUT/bwd_checkout.py" && cp "$OUT/bwd_kv2.py" kernels/bwd.py
-  timeout 300 python -m pytest tests/test_bwd_gpu.py -m gpu -q -n 8 -p no:cacheprovider 2>&1 | grep -v Warning | tail -6
-  timeout 240 bash -c "$(declare -f sanitize); sanitize"
+bwd_patch_tests() {  # every GPU test and the sanitizers with one patch in place (BWD_PATCH=FILE.diff), then the
+  # checkout restored
+  _patched_bwd "${BWD_PATCH:?set BWD_PATCH to a file in patches/}" "$OUT/bwd_patched.py" || return 1
+  cp kernels/bwd.py "$OUT/bwd_checkout.py" && cp "$OUT/bwd_patched.py" kernels/bwd.py
+  (tests) && timeout 240 bash -c "$(declare -f sanitize); sanitize"
   cp "$OUT/bwd_checkout.py" kernels/bwd.py
 }
 ncu_prof() {  # hardware counters of the forward uninstrumented (A) against tile records and spans (B), per schedule

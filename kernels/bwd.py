@@ -421,7 +421,7 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         dq_desc = tma.descriptor(dq_desc, q_rows, H * HEAD_DIM, H * HEAD_DIM, BLOCK_M, HEAD_DIM)
     # dK / dV: [kv_rows, dkv_heads * HEAD_DIM], row-major (made by the op).
     dk_desc = tma.descriptor(dk_ptr, kv_rows, dkv_heads * HEAD_DIM, dkv_heads * HEAD_DIM, BLOCK_N // 2, HEAD_DIM)
-    dv_desc = tma.descriptor(dv_ptr, kv_rows, dkv_heads * HEAD_DIM, dkv_heads * HEAD_DIM, BLOCK_N // 2, BLOCK_M)
+    dv_desc = tma.descriptor(dv_ptr, kv_rows, dkv_heads * HEAD_DIM, dkv_heads * HEAD_DIM, BLOCK_N // 2, HEAD_DIM)
     dtype: tl.constexpr = tlx.dtype_of(q_desc)
     NO_DQ: tl.constexpr = (ABLATE & 1) != 0 or DQ_MODE == DQ_NONE
     NO_REDUCE: tl.constexpr = (ABLATE & 2) != 0
@@ -431,10 +431,9 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
     NO_DKV_STORE: tl.constexpr = (ABLATE & 32) != 0
     # Where shared memory allows (not beside two fp32 dQ staging buffers), dK and dV leave through
     # buffers of their own, by TMA, so that K and V are released when the step loop ends: dK through
-    # a [BLOCK_N, HEAD_DIM] buffer, dV through the dS^T slots (HEAD_DIM // BLOCK_M column blocks of
-    # BLOCK_M). Else through the K and V buffers, by the threads.
+    # a [BLOCK_N, HEAD_DIM] buffer, dV through one of that shape over the dS^T slots. Else through the
+    # K and V buffers, by the threads.
     STAGE_DKV: tl.constexpr = (not (DQ_MODE == DQ_TMA and DQ_STAGES > 1)) and BLOCK_M == 64
-    DV_BLOCKS: tl.constexpr = HEAD_DIM // BLOCK_M
     HALF: tl.constexpr = BLOCK_N // 2  # keys per consumer
     # dQ^T [HEAD_DIM, BLOCK_M] = K^T dS^T: at HEAD_DIM = 128 each consumer computes half its rows
     # every step; at 64, too few rows to split, the consumers take turns computing all of it.
@@ -466,6 +465,13 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
         ds_bufs = tlx.local_alloc((BLOCK_N, BLOCK_M), dtype, 2)
     if STAGE_DKV:
         dk_stage = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1)
+        # dV's staging is the dS^T slots' memory seen as one [BLOCK_N, HEAD_DIM] tile, so each consumer's
+        # dV, like its dK, leaves in one copy whose 64-column boxes two warps issue side by side; as
+        # column blocks of 64 in two slots, one warp issued them one after the other, each behind the
+        # proxy fence before it (1.1-1.7% slower at HSP Lq=256 on the H100, kernel alone:
+        # benchmarks/results/variants/bwd_ab_dv_one_box_*). Its 64-column blocks are the slots
+        # themselves, so a consumer's dV rows are its own rows of each slot, as its dS^T rows are.
+        dv_stage = tlx.local_alloc((BLOCK_N, HEAD_DIM), dtype, 1, reuse=ds_bufs)
     if DQ_MODE == DQ_TMA:
         dq_stage = tlx.local_alloc((BLOCK_M, HEAD_DIM), tl.float32, DQ_STAGES)
         dq_fulls = tlx.alloc_barriers(num_barriers=DQ_STAGES, arrive_count=2)
@@ -748,31 +754,21 @@ def _jfa_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, dq_des
                         tlx.named_barrier_wait(_EPI_BAR, _CONSUMER_THREADS)
                     dk_rows = tlx.local_slice(dk_stage[0], [cid * HALF, 0], [HALF, HEAD_DIM])
                     tlx.local_store(dk_rows, (dk * sm_scale).to(dtype))
-                    dv_out = dv.to(dtype)
-                    if DV_BLOCKS == 2:
-                        # The two column halves are register halves of the accumulator: no data moves.
-                        dv_lo, dv_hi = tl.split(tl.permute(tl.reshape(dv_out, [HALF, 2, BLOCK_M]), (0, 2, 1)))
-                        tlx.local_store(tlx.local_slice(ds_bufs[0], [cid * HALF, 0], [HALF, BLOCK_M]), dv_lo)
-                        tlx.local_store(tlx.local_slice(ds_bufs[1], [cid * HALF, 0], [HALF, BLOCK_M]), dv_hi)
-                    else:
-                        tlx.local_store(tlx.local_slice(ds_bufs[0], [cid * HALF, 0], [HALF, BLOCK_M]), dv_out)
+                    dv_rows = tlx.local_slice(dv_stage[0], [cid * HALF, 0], [HALF, HEAD_DIM])
+                    tlx.local_store(dv_rows, dv.to(dtype))
                     tlx.fence_async_shared()
                     tlx.named_barrier_wait(_WG_BAR + cid, _WARPGROUP_THREADS)
                     if not NO_DKV_STORE:
                         if k0 + HALF <= Lk:
                             tlx.async_descriptor_store(dk_desc, dk_rows, [kv_start + k0, kvh * HEAD_DIM])
-                            for c in tl.static_range(DV_BLOCKS):
-                                tlx.async_descriptor_store(
-                                    dv_desc, tlx.local_slice(ds_bufs[c], [cid * HALF, 0], [HALF, BLOCK_M]),
-                                    [kv_start + k0, kvh * HEAD_DIM + c * BLOCK_M])
+                            tlx.async_descriptor_store(dv_desc, dv_rows, [kv_start + k0, kvh * HEAD_DIM])
                         else:
                             row_stride = _opaque(dkv_heads) * HEAD_DIM
                             kv_base = _head_base(kv_start + k0, H_kv, kvh, HEAD_DIM)
                             _store_rows(dk_stage[0], cid * HALF, dk_ptr + kv_base, row_stride, Lk - k0, HALF,
                                         HEAD_DIM)
-                            for c in tl.static_range(DV_BLOCKS):
-                                _store_rows(ds_bufs[c], cid * HALF, dv_ptr + kv_base + c * BLOCK_M, row_stride,
-                                            Lk - k0, HALF, BLOCK_M)
+                            _store_rows(dv_stage[0], cid * HALF, dv_ptr + kv_base, row_stride, Lk - k0, HALF,
+                                        HEAD_DIM)
                 else:
                     # dK and dV leave through this consumer's rows of the K and V buffers, once the other
                     # consumer's dQ^T (which reads all of K) is done: written from the accumulators'
