@@ -24,6 +24,15 @@ _BLOCK = 1024
 _KEYS = 512
 
 
+@triton.jit
+def _zigzag(p, n_ctas, n_work, listed):
+    """LPT's zigzag: list position p of a listed tile moves so that odd rounds of n_ctas positions run
+    backwards, only where the whole round lies inside the n_work listed positions."""
+    rnd = p // n_ctas
+    full = (rnd + 1) * n_ctas <= n_work
+    return tl.where((rnd % 2 == 1) & full & listed, rnd * n_ctas + (n_ctas - 1 - p % n_ctas), p)
+
+
 @triton.jit(c_cache=C_CACHE)
 def _plan_keys(kv_offsets, q_offsets, keys, costs, counts, n_tiles, H, n_m_blocks, Lq_bcast, window,
                BROADCAST_Q: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -80,12 +89,7 @@ def _plan_deal(keys, costs, counts, tiles_out, costs_out, counters, n, n_chunks,
     s_key = tl.where(placed, KEYS - 1 - packed // BLOCK, 0)
     src = chunk * BLOCK + packed % BLOCK
     p = tl.gather(start, s_key, 0) + idx - tl.gather(larger, s_key, 0)
-    dest = p
-    if ZIGZAG:
-        # Odd rounds run backwards, only where the whole round lies inside the valid prefix.
-        rnd = p // n_ctas
-        full = (rnd + 1) * n_ctas <= n_work
-        dest = tl.where((rnd % 2 == 1) & full, rnd * n_ctas + (n_ctas - 1 - p % n_ctas), p)
+    dest = _zigzag(p, n_ctas, n_work, placed) if ZIGZAG else p
     tl.store(tiles_out + dest, src, mask=placed)
     tl.store(costs_out + dest, tl.load(costs + src, mask=placed, other=0), mask=placed)
 
@@ -105,11 +109,7 @@ def _plan_group(tiles_in, costs_in, tiles_out, costs_out, counters, n, n_ctas, s
     # (cost descending, position ascending) packed in one int32; the unlisted sort last.
     packed = tl.sort(tl.where(listed, (KEYS - 1 - key) * SEG + idx, 2147483647))
     src = tl.where(listed, tl.program_id(0) * size + packed % SEG, p)
-    dest = p
-    if ZIGZAG:
-        rnd = p // n_ctas
-        full = (rnd + 1) * n_ctas <= n_work
-        dest = tl.where((rnd % 2 == 1) & full & listed, rnd * n_ctas + (n_ctas - 1 - p % n_ctas), p)
+    dest = _zigzag(p, n_ctas, n_work, listed) if ZIGZAG else p
     tl.store(tiles_out + dest, tl.load(tiles_in + src, mask=inside), mask=inside)
     tl.store(costs_out + dest, tl.load(costs_in + src, mask=inside), mask=inside)
 
