@@ -8,7 +8,9 @@ Each call is preceded by a marker kernel (`torch.cuda._sleep`) so the profiler's
 into calls; "lead" is the time from the marker's end to the call's first kernel (the GPU idle,
 waiting for the host to enqueue it), "gaps" the idle time between the call's kernels.
 
-    python benchmarks/call_gaps.py --out FILE [--points dense hsp:256,2048,0.5] [--passes fwd bwd]
+    python benchmarks/call_gaps.py --out FILE [--points dense 256,2048,0.5] [--passes fwd bwd]
+
+Points as `kernel_ab.py` takes them: "LQ,MAX_KV,SPARSITY" (HSP), "jagged,MAX_KV,SPARSITY[,causal]", "dense".
 """
 import argparse
 import json
@@ -20,23 +22,16 @@ import triton
 
 from jfa_prof import timing
 from jfa_prof.bench.impls import jfa_impls
-from jfa_prof.inputs import hsp_point, select_workload
+from kernel_ab import point_workload  # this folder is on the path when a script here runs
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out", required=True)
-ap.add_argument("--points", nargs="+", default=["dense", "hsp:256,2048,0.5"])
+ap.add_argument("--points", nargs="+", default=["dense", "256,2048,0.5"])
 ap.add_argument("--passes", nargs="+", default=["fwd", "bwd"])
 ap.add_argument("--calls", type=int, default=20)
 args = ap.parse_args()
 
 MARKER = "spin_kernel"
-
-
-def workload(text):
-    if text == "dense":
-        return select_workload("dense")
-    lq, max_kv, s = hsp_point(text.split(":", 1)[1])
-    return select_workload("hsp", Lq=lq, max_kv=max_kv, sparsity=s)
 
 
 def profiled_calls(fn, *, flush: bool, n: int):
@@ -107,7 +102,7 @@ def summary(calls):
 
 results = {}
 for text in args.points:
-    w = workload(text)
+    w = point_workload(text)
     x = w.make("cuda")
     for pass_ in args.passes:
         for impl in jfa_impls(x, pass_=pass_):
