@@ -147,6 +147,39 @@ def test_derive_without_fa4_or_peers():
     assert bench_results._derive(impls, 4e9) is None and impls["jfa-lpt"]["tflops"] == 2.0
 
 
+def test_more_rounds_times_every_implementation_in_turn_and_takes_the_median():
+    from jfa_prof.bench.run import _more_rounds
+
+    order = []
+
+    def impl(name, fails=False):
+        def build():  # round 1 is in `entries` already: these builds are rounds 2 and 3
+            if fails:
+                raise RuntimeError("out of memory")
+            return (lambda: name), (lambda out: out)
+        return bench_impls.Impl(name, build)
+
+    # A clock slowing down over the point: each timing takes longer than the one before, whoever runs.
+    clock = iter(range(10, 100))
+
+    def timer(run, **kw):
+        order.append(run())
+        return float(next(clock))
+
+    point = [impl("jfa-dynamic"), impl("fa4"), impl("sdpa", fails=True), impl("flex")]
+    entries = {"jfa-dynamic": {"ms": 2.0, "ms_repeat": 2.1}, "fa4": {"ms": 5.0}, "sdpa": {"ms": 7.0},
+               "flex": {"error": "wrong output on the first point"}}
+    rounds_seen = []
+    _more_rounds(point, entries, 3, timer=timer, timer_kw={}, on_round=rounds_seen.append)
+    assert rounds_seen == [2, 3]
+    assert order == ["jfa-dynamic", "fa4", "jfa-dynamic", "fa4"]  # in turn; flex never timed, sdpa failed to build
+    assert entries["jfa-dynamic"]["rounds_ms"] == [2.0, 10.0, 12.0] and entries["jfa-dynamic"]["ms"] == 10.0
+    assert entries["fa4"]["rounds_ms"] == [5.0, 11.0, 13.0] and entries["fa4"]["ms"] == 11.0
+    assert entries["sdpa"]["rounds_ms"] == [7.0] and entries["sdpa"]["ms"] == 7.0
+    assert entries["sdpa"]["rounds_error"].startswith("round 2: RuntimeError: out of memory")
+    assert "rounds_ms" not in entries["flex"] and entries["jfa-dynamic"]["ms_repeat"] == 2.1
+
+
 def test_load_results_errors(tmp_path):
     with pytest.raises(BadInputError, match="does not exist"):
         load_results(tmp_path / "none.json")
@@ -382,10 +415,12 @@ def test_run_bench_small_point(cuda_device):
 @pytest.mark.gpu
 def test_run_bench_backward_small_point(cuda_device):
     w = Workload("hsp", B=64, H=4, H_kv=4, D=128, Lq=128, max_kv=512, sparsity=0.5, broadcast_q=True)
-    (rec,) = bench.run_bench([w], pass_="bwd", peers=["varlen", "fa4"], rep_ms=10, warmup_ms=5, device=cuda_device)
+    (rec,) = bench.run_bench([w], pass_="bwd", peers=["varlen", "fa4"], rep_ms=10, warmup_ms=5, device=cuda_device,
+                             rounds=2)
     assert rec["pass"] == "bwd" and rec["flops"] == pytest.approx(2.5 * w.make("cpu").flops("fwd"))
     e = rec["impls"]["jfa-dynamic"]
     assert e["rel_err_vs_ref"] < 2e-2 and e["ms"] > 0 and e["peak_mem_mb"] >= 0, e
+    assert len(e["rounds_ms"]) == 2 and e["ms"] == pytest.approx(sum(e["rounds_ms"]) / 2), e
     for name, e in rec["impls"].items():
         if "error" not in e:
             assert e["rel_err_vs_ref"] < 2e-2, name

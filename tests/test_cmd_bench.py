@@ -245,8 +245,8 @@ def test_bench_live_keeps_the_points_measured_before_a_failure(tmp_path, monkeyp
     recorded = lib.load_results(H200).records
     seen = {}
 
-    def fake_run_bench(workloads, *, on_impl, on_point, limits, **kw):
-        seen["limits"] = limits
+    def fake_run_bench(workloads, *, on_impl, on_point, limits, rounds, **kw):
+        seen["limits"], seen["rounds"] = limits, rounds
         on_impl(workloads[0].label, "jfa-dynamic")
         on_point({k: v for k, v in recorded[0].items() if k != "meta"})
         raise RuntimeError("the GPU fell off the bus")
@@ -257,13 +257,14 @@ def test_bench_live_keeps_the_points_measured_before_a_failure(tmp_path, monkeyp
     monkeypatch.setattr(lib, "run_bench", fake_run_bench)
     out = tmp_path / "partial.json"
     result = runner.invoke(app, ["bench", "--peers", "", "--limits", "--out", str(out)])
-    assert isinstance(result.exception, RuntimeError) and seen["limits"] is True
+    assert isinstance(result.exception, RuntimeError) and seen["limits"] is True and seen["rounds"] == 3
     kept = lib.load_results(out)
     assert [r["workload"]["label"] for r in kept.records] == [recorded[0]["workload"]["label"]]
     # The streaming read taken before the points is in the file already; the one after never ran.
     assert kept.meta["stream_read"]["before_tb_s"] == 4.4 and "after_tb_s" not in kept.meta["stream_read"]
     assert kept.stream_tb_s == 4.4 and kept.matmul_tflops == 780.0
     assert kept.records[0]["impls"] == recorded[0]["impls"] and kept.meta["command"].startswith("jfa-prof")
+    assert kept.meta["timer"].endswith("median of 3 rounds timing every implementation in turn")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -4,7 +4,8 @@ One point of a run: build the inputs of a workload, then for each implementation
 needs (padded tensors, a block mask, a work list: outside the timed region), run it once and
 check its output, measure the memory one call allocates, and take the median time
 (:mod:`jfa_prof.timing`). The first implementation (the baseline) is timed twice to show the
-noise. On the first point every output is also checked against the fp32 reference; an
+noise; with more than one round, every implementation is timed again in turn per round and its
+median round is the figure. On the first point every output is also checked against the fp32 reference; an
 implementation that is wrong there is reported and not timed again, and one that raises is
 reported for that point only. Neither stops the run.
 """
@@ -142,6 +143,38 @@ def _measure_impl(impl: Impl, *, ref, rows, first_out, tol: float, timer, twice:
     return entry, keep, None
 
 
+def _more_rounds(point: Sequence[Impl], entries: dict[str, dict[str, Any]], rounds: int, *, timer,
+                 timer_kw: dict, on_round: Callable[[int], None] | None = None) -> None:
+    """Rounds 2..``rounds`` of a point, every implementation timed once per round in turn.
+
+    A GPU's clock moves by several percent over a point (the power and thermal state that a
+    compute-bound kernel brings about), so implementations timed one after the other can differ by
+    that much with no difference between them. Each is built again per round (setup stays out of
+    the timing; only one's buffers are alive at a time, as in the first round)."""
+    import statistics
+
+    import torch
+
+    timed = [impl for impl in point if isinstance(entries.get(impl.name, {}).get("ms"), (int, float))]
+    for impl in timed:
+        entries[impl.name]["rounds_ms"] = [entries[impl.name]["ms"]]
+    for r in range(2, rounds + 1):
+        if on_round:
+            on_round(r)
+        for impl in timed:
+            e = entries[impl.name]
+            try:
+                run, _ = impl.build()
+                e["rounds_ms"].append(timer(run, **timer_kw))
+                del run
+            except Exception as exc:  # it ran in round 1: keep its rounds so far and say why it stopped
+                e.setdefault("rounds_error", f"round {r}: {type(exc).__name__}: {exc}"[:300])
+            torch.cuda.empty_cache()
+    for impl in timed:
+        e = entries[impl.name]
+        e["ms"] = statistics.median(e["rounds_ms"])
+
+
 def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] = tuple(PEERS),
               schedules: Sequence[str] = (DEFAULT_SCHEDULE,), impls: Callable[[Any], list[Impl]] | None = None,
               baseline: str | None = None, rep_ms: float | None = None, warmup_ms: float | None = None,
@@ -149,7 +182,7 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
               timer: Callable[..., float] | None = None, device=None,
               on_impl: Callable[[str, str], None] | None = None,
               on_point: Callable[[dict[str, Any]], None] | None = None, limits: bool = False,
-              per_call: bool = True) -> list[dict[str, Any]]:
+              per_call: bool = True, rounds: int = 1) -> list[dict[str, Any]]:
     """Time every implementation on every workload; returns the records (without ``meta``).
 
     ``impls(x)`` replaces the default list (``jfa_impls(x, schedules)`` then the available
@@ -162,6 +195,9 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
     call (``gpu_ms``, host gaps left out: `jfa_prof.timing.gpu_ms`). ``limits``: record our kernel
     (the first schedule) at each point after the timings, and keep the split of its time
     (:func:`~jfa_prof.bench.limits.record_split`) as ``record["time_split"]`` (it needs ``gpu_ms``).
+    ``rounds`` > 1: after the first timing of every implementation at a point, time them all
+    again ``rounds - 1`` times in turn (:func:`_more_rounds`); ``ms`` is then the median of the
+    rounds (``rounds_ms``), so a clock that drifts during the point is shared by all of them.
     """
     import torch
 
@@ -203,6 +239,9 @@ def run_bench(workloads: Sequence, *, pass_: str = "fwd", peers: Sequence[str] =
                 first_out = out
             entries[impl.name] = entry
             torch.cuda.empty_cache()  # the next implementation's setup starts from the inputs alone
+        if rounds > 1:
+            _more_rounds(point, entries, rounds, timer=timer, timer_kw=timer_kw,
+                         on_round=(lambda r: on_impl(w.label, f"round {r} of {rounds}")) if on_impl else None)
         best = _derive(entries, flops)
         record = {"pass": pass_, "workload": workload_dict(x), "flops": flops, "impls": entries,
                   "best_peer": best, "baseline": base_name}

@@ -31,6 +31,9 @@ def bench(
                                                              "fa4, varlen, sdpa, flex; '' for none."),
     schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule", help="Schedules of this kernel to time, comma-separated."),
     rep_ms: int = typer.Option(100, "--rep-ms", min=1, help="Milliseconds of repeats per timing (median taken)."),
+    rounds: int = typer.Option(3, "--rounds", min=1, help="Time every implementation this many times per point, "
+                                                          "in turn, and report the median round: a GPU clock that "
+                                                          "drifts over a point then weighs on all of them alike."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the results (JSON: one record per point, "
                                                                    "readable with --results) here."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write TFLOPS-vs-sparsity charts (HTML) here; with time "
@@ -75,7 +78,7 @@ def bench(
                                 + (f" for grid {grid}" if grid else "") + (" with those labels" if label else ""))
         origin, provenance = "recorded", res.provenance()
     else:
-        res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out, limits, causal)
+        res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out, limits, causal, rounds)
         origin, provenance = "live", f"measured on {res.gpu} on {res.date}"
 
     frame = res.frame()
@@ -133,7 +136,7 @@ def bench(
 
 
 def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: int, out: Optional[Path],
-             limits: bool = False, causal: bool = False):
+             limits: bool = False, causal: bool = False, rounds: int = 1):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -163,7 +166,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
     progress = Progress(TextColumn("{task.fields[point]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
     with progress:
-        task = progress.add_task("", total=len(workloads) * (len(names) + limits), point="")
+        task = progress.add_task("", total=len(workloads) * (len(names) + limits + rounds - 1), point="")
         started = []
 
         def on_impl(point_label: str, name: str) -> None:
@@ -181,6 +184,8 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
 
         def write(records: list[dict]) -> dict:
             meta = timing.measurement_meta(flash_attn_4=fa4.version if fa4 and fa4.available else None)
+            if rounds > 1:
+                meta["timer"] += f", median of {rounds} rounds timing every implementation in turn"
             # The higher reading of each is the ceiling (the other saw the clock lower or the GPU busier).
             meta["stream_read"] = {**stream, "tb_s": max(stream["before_tb_s"], stream.get("after_tb_s", 0.0))}
             meta["matmul_peak"] = {**matmul, "tflops": max(matmul["before_tflops"], matmul.get("after_tflops", 0.0))}
@@ -196,7 +201,7 @@ def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: i
             write(done)
 
         records = lib.run_bench(workloads, pass_=pass_, peers=usable, schedules=schedules, rep_ms=rep_ms,
-                                on_impl=on_impl, limits=limits, on_point=on_point)
+                                on_impl=on_impl, limits=limits, on_point=on_point, rounds=rounds)
         progress.advance(task)
         stream["after_tb_s"] = timing.stream_read_tb_s()
         matmul["after_tflops"] = timing.matmul_tflops()

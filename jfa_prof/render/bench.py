@@ -166,7 +166,8 @@ def bench_table(frame: pd.DataFrame, console: Console, *, impls: Sequence[str] |
                           _num(r.host_us, ".0f"), _num(r.gpu_ms * 1e3, ".0f"),
                           _num(r.peak_mem_mb, ",.0f"), _num(r.rel_err, ".1e"))
     console.print(table)
-    console.print(f"[dim]ms: do_bench median per call; {FA4_CALL}: that time divided into FA4's (above 1 is "
+    console.print("[dim]ms: do_bench median per call (the median round where the implementations were timed in "
+                  f"turn over rounds); {FA4_CALL}: that time divided into FA4's (above 1 is "
                   f"faster; the summary has {BEST_CALL}); host µs: host time per call with 50 calls enqueued back to "
                   "back; GPU µs: GPU work per call, host gaps left out (a diagnostic)[/]", soft_wrap=False)
     for e in errors:
