@@ -152,7 +152,8 @@ def _tile_geometry(tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets,
 @triton.jit
 def _next_position(pos, n_progs, queue, DYNAMIC: tl.constexpr):
     if DYNAMIC:
-        return tl.atomic_add(queue, 1) + n_progs
+        # Relaxed: the counter only hands out positions; it publishes no data for an acquire to order.
+        return tl.atomic_add(queue, 1, sem="relaxed") + n_progs
     else:
         return pos + n_progs
 
@@ -414,24 +415,33 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
             kv_cnt = 0
             q_cnt = 0
             n_done = 0
+            # Tiles are claimed and decoded a tile ahead: a tile's position (the queue's atomic), its
+            # list entry and its offsets are three dependent global round trips, which, taken between
+            # two tiles, put the producer on the critical path of most short tiles (the consumers
+            # waiting for the next tile in the mailbox and for its Q). So the next tile is decoded
+            # while this one's first K / V copies are on their way, and the one after it claimed then
+            # (its position is read a tile later). Kernel alone 0.92-0.98x of the time at the HSP
+            # points with short tiles on the H100, most of it from the relaxed atomic; decoding two
+            # ahead gained no more (benchmarks/results/variants/fwd_ab_decode_ahead_*).
             pos = pid
+            tile = tl.load(work_list + pos, mask=pos < n_work, other=0)
+            b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks = _tile_geometry(
+                tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
+                CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+            nxt = _next_position(pos, n_progs, queue_ptr, DYNAMIC)
             while pos < n_work:
                 if PROFILE >= 3:
                     ev = prof.event_base(rec_ptr, rec_waits_off, rec_tile_cap, pos, 0, n_progs, _N_ROLES, _N_SITES,
                                          SAMPLE)
                     prof.event_start(rec_ptr, ev, pid, prof.globaltimer(), tlx.clock64())
                     prof.event_site_waits(rec_ptr, ev, _N_SITES, False, _PRODUCER_SITES, (w_qe, w_ke, w_ve, w_pe))
-                tile = tl.load(work_list + pos)
-                b, h, m0, Lq, Lk, q_row0, o_row0, kv_start, blk_lo, n_blocks = _tile_geometry(
-                    tile, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
-                    CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
                 for c in tl.static_range(2):
                     w_pe, n_pe = _post_tile(box[c], box_fulls[c], box_empties[c], (n_done & 1) ^ 1, pos, tile, b, h,
                                             m0, Lq, Lk, o_row0, blk_lo, n_blocks, w_pe, n_pe, PROFILE)
                 if PROFILE >= 3:
                     prof.event_mark(rec_ptr, ev)
+                kv_col = (h // GROUP) * HEAD_DIM
                 if n_blocks > 0:
-                    kv_col = (h // GROUP) * HEAD_DIM
                     qb = q_cnt % Q_BUFS
                     q_phase = (q_cnt // Q_BUFS) & 1
                     # Q for consumer 0, first K, Q for consumer 1, first V: consumer 0 starts early.
@@ -449,6 +459,13 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                                           kv_start + blk_lo * BLOCK_N, kv_col, TILE_BYTES_KV, w_ve, n_ve,
                                           NUM_STAGES, PROFILE)
                     kv_cnt += 1
+                # The next tile (a position past the list's end reads entry 0: decoded, never used).
+                nxt_after = _next_position(nxt, n_progs, queue_ptr, DYNAMIC)
+                tile_n = tl.load(work_list + nxt, mask=nxt < n_work, other=0)
+                b_n, h_n, m0_n, Lq_n, Lk_n, q_row0_n, o_row0_n, kv_start_n, blk_lo_n, n_blocks_n = _tile_geometry(
+                    tile_n, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
+                    CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
+                if n_blocks > 0:
                     for j in range(1, n_blocks):
                         row = kv_start + (blk_lo + j) * BLOCK_N
                         if SLOW_PRODUCER:
@@ -463,7 +480,11 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     prof.event_site_waits(rec_ptr, ev, _N_SITES, True, _PRODUCER_SITES, (w_qe, w_ke, w_ve, w_pe))
                     prof.event_end(rec_ptr, ev)
                 n_done += 1
-                pos = _next_position(pos, n_progs, queue_ptr, DYNAMIC)
+                pos = nxt
+                nxt = nxt_after
+                tile = tile_n
+                b, h, m0, Lq, Lk, q_row0, o_row0 = b_n, h_n, m0_n, Lq_n, Lk_n, q_row0_n, o_row0_n
+                kv_start, blk_lo, n_blocks = kv_start_n, blk_lo_n, n_blocks_n
             # Tell both consumers the list is done.
             for c in tl.static_range(2):
                 w_pe, n_pe = _post_tile(box[c], box_fulls[c], box_empties[c], (n_done & 1) ^ 1, pos, 0, 0, 0, 0, 0, 0,
