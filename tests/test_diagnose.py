@@ -424,3 +424,32 @@ def test_a_causal_recording_is_diagnosed_with_experiments_on_the_causal_workload
     assert doc["workload"] == "jagged max=512 s=1 causal"
     commands = [c["experiment"] for c in doc["causes"] if "--grid" in c["experiment"]]
     assert commands and all("--causal" in c for c in commands), commands
+
+
+# ---- recorded: a producer that found each tile between two tiles --------------------------------
+
+DECODE_TRACES = {build: ROOT / f"tests/data/traces/h100_fwd_hsp_lq128_kv1024_s0.1_dynamic_decode_{build}.jfatrace"
+                 for build in ("between", "two_ahead")}
+
+
+def _between_share(cause) -> float:
+    """The producer's time between its tiles, as the cause's evidence gives it (a fraction)."""
+    figures = [e.figure for e in cause.evidence if "between its tiles" in e.signal]
+    assert len(figures) == 1, cause.evidence
+    return float(figures[0].split("%")[0]) / 100
+
+
+def test_a_producer_held_between_its_tiles_is_named():
+    # The H100 recordings of the forward before and after it decoded each next tile a tile ahead
+    # (benchmarks/results/variants/fwd_ab_decode_ahead_*): the diagnosis must tell them apart.
+    before = diagnose(read_trace(DECODE_TRACES["between"]))
+    ahead = diagnose(read_trace(DECODE_TRACES["two_ahead"]))
+    kv = before.cause("kv_late")
+    assert "between tiles" in kv.what and "finds each next tile" in kv.expect
+    assert _between_share(kv) > 0.4
+    assert _between_share(before.cause("q_late")) == _between_share(kv)
+    kv_ahead = ahead.cause("kv_late")
+    assert "between tiles" not in kv_ahead.what and "finds each next tile" not in kv_ahead.expect
+    assert _between_share(kv_ahead) < 0.1
+    # The producer was on the critical path of more tiles before.
+    assert before.critical.critical_counts()["producer"] > 2 * ahead.critical.critical_counts()["producer"]
