@@ -7,7 +7,9 @@ Every (build, level) is checked against the fp32 reference (where it fits in mem
 against the checkout at level 0 (the forward's O; the backward's dK and dV, since dQ's reduce-adds may
 add in any order), then the main kernel alone (CUPTI durations) is timed in rounds that alternate all of them; a
 figure is the median of its rounds, and `vs_checkout` is each one's time over the checkout's at
-level 0 (under the first schedule or work-list order). Kernel-only figures: a diagnostic, not the op's
+level 0 (under the first schedule or work-list order); `paired_vs_checkout` compares each round with the
+checkout's in the same round (the median ratio and the rounds it was faster in), which a clock moving
+between rounds (the power cap) leaves standing. Kernel-only figures: a diagnostic, not the op's
 time as called. The forward's `--orders`: `op` is the op's work list (`jfa_prof.schedule`), `tile` the
 same tiles by each one's own cost, longest first (the op's order before 2026-12-04), `sequence` by
 their sequence, longest first, without the op's groups, `split` the op's groups by query block, then
@@ -229,11 +231,14 @@ def main(argv=None, default_pass=None):
                                   timer=lambda fn: timing.kernel_median_ms(fn, KERNEL[pass_name]))
         for name, rounds in timed.items():
             row["builds"][name].update(timing.rounds_summary(rounds, row["flops"]))
-        ref_ms = row["builds"]["checkout@0" + (f"/{modes[0]}" if len(modes) > 1 else "")]["ms"]
-        row["vs_checkout"] = {n: e["ms"] / ref_ms for n, e in row["builds"].items()}
+        ref = "checkout@0" + (f"/{modes[0]}" if len(modes) > 1 else "")
+        row["vs_checkout"] = {n: e["ms"] / row["builds"][ref]["ms"] for n, e in row["builds"].items()}
+        row["paired_vs_checkout"] = {n: timing.paired_rounds(r, timed[ref]) for n, r in timed.items()}
         rows.append(row)
         print(f"{w.label:28s} " + "  ".join(
             f"{n} {e['ms']:.4f} x{row['vs_checkout'][n]:.3f}"
+            + ("" if n == ref else " (paired x{ratio:.3f}, faster in {faster_rounds}/{rounds})".format(
+                **row["paired_vs_checkout"][n]))
             + ("" if e["bitwise_equal_checkout_level0"] else " (differs)") for n, e in row["builds"].items()),
             flush=True)
     meta = timing.measurement_meta(command=" ".join(["python"] + sys.argv))

@@ -96,6 +96,18 @@ def rounds_summary(rounds: list[float], flops: float) -> dict[str, Any]:
     return {"rounds": rounds, "ms": ms, "tflops": flops / ms / 1e9}
 
 
+def paired_rounds(rounds: list[float], ref_rounds: list[float]) -> dict[str, Any]:
+    """One call's :func:`alternated` rounds against a reference's, round by round: the two calls of
+    a round ran moments apart, so a clock that moves between rounds (a power cap) moves both, and
+    their ratio keeps a difference that the spread of either call's rounds would hide. The median
+    of the per-round ratios, and in how many rounds the call was the faster."""
+    if len(rounds) != len(ref_rounds) or not rounds:
+        raise ValueError(f"paired rounds need equally many, at least one: {len(rounds)} and {len(ref_rounds)}")
+    ratios = [t / r for t, r in zip(rounds, ref_rounds)]
+    return {"ratio": statistics.median(ratios), "ratios": ratios,
+            "faster_rounds": sum(r < 1.0 for r in ratios), "rounds": len(ratios)}
+
+
 def format_rounds(summary: Mapping[str, Any]) -> str:
     """A :func:`rounds_summary` on one console line."""
     rounds = ", ".join(f"{r:.3f}" for r in summary["rounds"])

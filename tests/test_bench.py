@@ -147,6 +147,18 @@ def test_derive_without_fa4_or_peers():
     assert bench_results._derive(impls, 4e9) is None and impls["jfa-lpt"]["tflops"] == 2.0
 
 
+def test_derive_pairs_each_round_with_fa4s():
+    # The second round ran at a lower clock for both: the medians call it a tie, the rounds do not.
+    impls = {"jfa-dynamic": {"ms": 1.0, "rounds_ms": [0.95, 1.33, 1.0]},
+             "fa4": {"ms": 1.0, "rounds_ms": [1.0, 1.4, 0.95]},
+             "jfa-lpt": {"ms": 2.0, "rounds_ms": [2.0]}}
+    bench_results._derive(impls, 4e9)
+    ours = impls["jfa-dynamic"]
+    assert ours["ratio_vs_fa4"] == 1.0 and ours["ratio_vs_fa4_paired"] == pytest.approx(1.4 / 1.33)
+    assert ours["rounds_faster_than_fa4"] == 2
+    # One round, or none shared with FA4: nothing to pair.
+    assert "ratio_vs_fa4_paired" not in impls["jfa-lpt"] and "ratio_vs_fa4_paired" not in impls["fa4"]
+
 def test_more_rounds_times_every_implementation_in_turn_and_takes_the_median():
     from jfa_prof.bench.run import _more_rounds
 

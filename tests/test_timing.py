@@ -132,3 +132,14 @@ def test_matmul_rate_is_below_the_datasheet_peak_and_near_it(cuda_device):
     spec = lookup(torch.cuda.get_device_name(cuda_device))
     tflops = timing.matmul_tflops(n=4096)
     assert spec is not None and 0.4 * spec.peak_flops("bf16") / 1e12 < tflops <= 1.02 * spec.peak_flops("bf16") / 1e12
+
+
+def test_paired_rounds_compare_round_by_round():
+    # The clock drops in the second round for both calls: the medians alone would overlap, the
+    # per-round ratios do not.
+    p = timing.paired_rounds([0.98, 1.47, 0.99], [1.0, 1.5, 1.0])
+    assert p["ratio"] == pytest.approx(0.98) and p["ratios"] == pytest.approx([0.98, 0.98, 0.99])
+    assert (p["faster_rounds"], p["rounds"]) == (3, 3)
+    assert timing.paired_rounds([1.0, 1.1], [1.0, 1.0])["faster_rounds"] == 0
+    with pytest.raises(ValueError, match="equally many"):
+        timing.paired_rounds([1.0], [1.0, 1.0])

@@ -5,6 +5,8 @@ Result files are JSON: ``{"meta": {...}, "peers": {...}, "results": [record, ...
 (SPEC §6) holds the pass, the workload, ``flops`` (SPEC §2 convention), per implementation
 ``ms`` / ``tflops`` / ``ratio_vs_fa4`` (FA4 time over this time: above 1 is faster than FA4) /
 ``ratio_vs_best_peer`` / ``peak_mem_mb`` / relative errors or ``error``, the best peer, and
+(where FA4 and an implementation were timed in the same alternated rounds) ``ratio_vs_fa4_paired``
+(the median of the per-round ratios) and ``rounds_faster_than_fa4``, and
 the machine, versions, date and command (``meta``, also at the top). A run with ``limits`` also
 keeps per implementation ``gpu_ms`` (GPU work per call) and per point ``time_split`` (our kernel's
 recorded time, split: `jfa_prof.analyses.limits`). :func:`load_results` reads these and the earlier
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from jfa_prof import timing
 from jfa_prof.bench.impls import impl_kind
 from jfa_prof.bench.limits import TARGETS
 from jfa_prof.errors import BadInputError, read_json_file
@@ -39,6 +42,11 @@ def _derive(impls: dict[str, dict[str, Any]], flops: float) -> str | None:
     for e in timed.values():
         if fa4 is not None:
             e["ratio_vs_fa4"] = fa4["ms"] / e["ms"]
+            if e is not fa4 and len(e.get("rounds_ms") or ()) > 1 and len(e["rounds_ms"]) == len(fa4.get("rounds_ms") or ()):
+                # Round by round: a clock moving between rounds (the power cap) moves both calls.
+                paired = timing.paired_rounds(fa4["rounds_ms"], e["rounds_ms"])
+                e["ratio_vs_fa4_paired"] = paired["ratio"]
+                e["rounds_faster_than_fa4"] = sum(t < f for t, f in zip(e["rounds_ms"], fa4["rounds_ms"]))
         if best is not None:
             e["ratio_vs_best_peer"] = peers[best] / e["ms"]
     return best
