@@ -65,14 +65,28 @@ def test_tables(frame):
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("hsp ")]
     assert len(rows) == 1 + 18  # the point's section, then one summary row per point
     assert rows[1 + 12][:4] == ["hsp", "Lq=256", "max=2048", "s=0.1"]
-    assert rows[1 + 12][4:] == ["260", "279", "0.93", "fa4", "279", "0.93"]
+    assert rows[1 + 12][4:] == ["260", "279", "0.93", "–", "fa4", "279", "0.93"]  # one round: none to count
     # Both tables show the ratio of whole calls, and say so: ÷fa4 alone was also used for GPU time.
     assert "÷fa4 call" in out and "÷best call" in out  # the footnote
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.strip().startswith("implementation"))
     assert lines[header - 1].split() == ["÷fa4", "host", "GPU"] and lines[header].split()[3:6] == ["call", "µs", "µs"]
     header = next(i for i, line in enumerate(lines) if line.strip().startswith("workload"))
-    assert lines[header - 1].split() == ["÷fa4", "÷best"] and lines[header].split()[3:] == ["call", "best", "peer", "call"]
+    assert lines[header - 1].split() == ["÷fa4", "rounds", "÷best"]
+    assert lines[header].split()[3:] == ["call", "ahead", "best", "peer", "call"]
+
+
+def test_the_summary_counts_the_rounds_ours_was_ahead_of_fa4():
+    # A file timed in alternated rounds (H100, 2026-12-06): at Lq=128 max=1024 s=0.5 FA4 was faster in
+    # every round, at Lq=128 max=1024 s=0.1 ours was.
+    f = Path(__file__).resolve().parents[1] / "benchmarks/results/bench/bench_fwd_hsp_h100_2026-12-06b.json"
+    buf = io.StringIO()
+    summary_table(load_results(f).frame(), Console(file=buf, width=120, highlight=False), ours="jfa-dynamic")
+    rows = {" ".join(line.split()[:4]): line.split()[4:] for line in buf.getvalue().splitlines()
+            if line.strip().startswith("hsp ")}
+    assert rows["hsp Lq=128 max=1024 s=0.5"][2:4] == ["0.97", "0/3"]
+    assert rows["hsp Lq=128 max=1024 s=0.1"][2:4] == ["1.17", "3/3"]
+    assert "rounds ahead: the rounds" in buf.getvalue()
 
 
 def test_the_two_ratios_to_fa4_are_named_apart():

@@ -67,7 +67,8 @@ def _tb_s(nbytes: float | None, ms: Any) -> float | None:
 
 FRAME_COLUMNS = ("pass", "grid", "label", "B", "H", "H_kv", "D", "Lq", "max_kv", "sparsity", "broadcast_q",
                  "total_q", "total_kv", "flops", "impl", "kind", "ms", "ms_repeat", "tflops", "ratio_vs_fa4",
-                 "ratio_vs_best_peer", "best_peer", "rel_err", "peak_mem_mb", "host_us", "gpu_ms", "error", "bound",
+                 "ratio_vs_best_peer", "ratio_vs_fa4_paired", "rounds_faster_than_fa4", "rounds", "best_peer",
+                 "rel_err", "peak_mem_mb", "host_us", "gpu_ms", "error", "bound",
                  "floor_ms", "roof", "hbm_tb_s")
 
 
@@ -170,6 +171,8 @@ class BenchResults:
                     "flops": r.get("flops"), "impl": name, "kind": impl_kind(name),
                     "ms": e.get("ms"), "ms_repeat": e.get("ms_repeat"), "tflops": e.get("tflops"),
                     "ratio_vs_fa4": e.get("ratio_vs_fa4"), "ratio_vs_best_peer": e.get("ratio_vs_best_peer"),
+                    "ratio_vs_fa4_paired": e.get("ratio_vs_fa4_paired"),
+                    "rounds_faster_than_fa4": e.get("rounds_faster_than_fa4"), "rounds": len(e.get("rounds_ms") or ()),
                     "best_peer": r.get("best_peer"),
                     "rel_err": e.get("rel_err_vs_ref", e.get("rel_err_vs_first")),
                     "peak_mem_mb": e.get("peak_mem_mb"), "host_us": e.get("host_us"), "gpu_ms": e.get("gpu_ms"),
@@ -179,7 +182,8 @@ class BenchResults:
                     "hbm_tb_s": _tb_s(roof.min_bytes if roof else None, e.get("ms")),
                 })
         df = pd.DataFrame(rows, columns=list(FRAME_COLUMNS))
-        for c in ("ms", "ms_repeat", "tflops", "ratio_vs_fa4", "ratio_vs_best_peer", "rel_err", "peak_mem_mb",
+        for c in ("ms", "ms_repeat", "tflops", "ratio_vs_fa4", "ratio_vs_best_peer", "ratio_vs_fa4_paired",
+                  "rounds_faster_than_fa4", "rel_err", "peak_mem_mb",
                   "host_us", "gpu_ms", "floor_ms", "roof", "hbm_tb_s"):
             df[c] = pd.to_numeric(df[c], errors="coerce")
         return df

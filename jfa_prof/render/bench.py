@@ -174,15 +174,21 @@ def bench_table(frame: pd.DataFrame, console: Console, *, impls: Sequence[str] |
         console.print(f"[red]failed[/] {escape(e)}")
 
 
+def _rounds_ahead(r) -> str:
+    """"k/n": ours faster than FA4 in k of the n rounds timed in turn with it; "–" without rounds."""
+    k, n = getattr(r, "rounds_faster_than_fa4", None), getattr(r, "rounds", None)
+    return f"{int(k)}/{int(n)}" if k is not None and k == k and n else "–"
+
+
 def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = None,
                   title: str = "summary") -> None:
     """A row per point: ``ours`` (default: our first implementation) against FA4 and the best
-    peer, in TFLOPS."""
+    peer, in TFLOPS, and in how many of the alternated rounds ours was the faster of the two."""
     names = impl_order(frame)
     ours = _ours(frame, names, ours)
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name, justify in (("workload", "left"), (ours or "ours", "right"), ("fa4", "right"),
-                          (FA4_CALL.replace(" ", "\n"), "right"), ("best peer", "right"),
+                          (FA4_CALL.replace(" ", "\n"), "right"), ("rounds\nahead", "right"), ("best peer", "right"),
                           (BEST_CALL.replace(" ", "\n"), "right")):
         table.add_column(escape(name), justify=justify, no_wrap=True)
     for label, point in frame.groupby("label", sort=False):
@@ -194,10 +200,12 @@ def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = N
         table.add_row(escape(str(label)),
                       "[red]failed[/]" if failed else _num(getattr(r, "tflops", None), ".0f"),
                       _num(getattr(fa4, "tflops", None), ".0f"),
-                      _num(getattr(r, "ratio_vs_fa4", None), ".2f"),
+                      _num(getattr(r, "ratio_vs_fa4", None), ".2f"), _rounds_ahead(r),
                       f"{escape(best)} {_num(b.tflops, '.0f')}" if b is not None else "–",
                       _num(getattr(r, "ratio_vs_best_peer", None), ".2f"))
     console.print(table)
+    console.print("[dim]rounds ahead: the rounds (each timing every call in turn) in which ours was faster "
+                  "than FA4; a clock that moves between rounds moves both calls of a round alike[/]", soft_wrap=False)
 
 
 def roofline_table(frame: pd.DataFrame, console: Console, *, ours: str | None = None,
