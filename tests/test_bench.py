@@ -159,6 +159,7 @@ def test_derive_pairs_each_round_with_fa4s():
     # One round, or none shared with FA4: nothing to pair.
     assert "ratio_vs_fa4_paired" not in impls["jfa-lpt"] and "ratio_vs_fa4_paired" not in impls["fa4"]
 
+
 def test_more_rounds_times_every_implementation_in_turn_and_takes_the_median():
     from jfa_prof.bench.run import _more_rounds
 

@@ -42,11 +42,12 @@ def _derive(impls: dict[str, dict[str, Any]], flops: float) -> str | None:
     for e in timed.values():
         if fa4 is not None:
             e["ratio_vs_fa4"] = fa4["ms"] / e["ms"]
-            if e is not fa4 and len(e.get("rounds_ms") or ()) > 1 and len(e["rounds_ms"]) == len(fa4.get("rounds_ms") or ()):
+            rounds, fa4_rounds = e.get("rounds_ms") or (), fa4.get("rounds_ms") or ()
+            if e is not fa4 and len(rounds) > 1 and len(rounds) == len(fa4_rounds):
                 # Round by round: a clock moving between rounds (the power cap) moves both calls.
-                paired = timing.paired_rounds(fa4["rounds_ms"], e["rounds_ms"])
-                e["ratio_vs_fa4_paired"] = paired["ratio"]
-                e["rounds_faster_than_fa4"] = sum(t < f for t, f in zip(e["rounds_ms"], fa4["rounds_ms"]))
+                paired = timing.paired_rounds(rounds, fa4_rounds)
+                e["ratio_vs_fa4_paired"] = 1.0 / paired["ratio"]
+                e["rounds_faster_than_fa4"] = paired["faster_rounds"]
         if best is not None:
             e["ratio_vs_best_peer"] = peers[best] / e["ms"]
     return best
