@@ -18,9 +18,13 @@ tests() {  # kernel correctness against the fp32 reference; the jobs after it ru
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "GPU timer tests failed: stopping" >&2; exit 1; }
 }
 sanitize() {  # memcheck and racecheck on a small case of every schedule
+  # Each tool under a limit of its own (SANITIZE_LIMIT seconds), so a run cut short says which tool it
+  # cut and how far it got instead of ending silently.
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
-    compute-sanitizer --tool $tool python benchmarks/sanitize_case.py 2>&1 | grep -v "^=========     \|Warning" | tail -6
+    timeout ${SANITIZE_LIMIT:-300} compute-sanitizer --tool $tool python benchmarks/sanitize_case.py 2>&1 \
+      | grep -v "^=========     \|Warning" | tail -6
+    [ "${PIPESTATUS[0]}" -ne 124 ] || echo "$tool cut off after ${SANITIZE_LIMIT:-300} s: not run to its end"
   done
 }
 record() {  # the bundled heatmap recordings (HSP s=0.1) and the small test recordings
