@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU jobs, by name, from the repo root on a machine with an sm_90 GPU and fbtriton importable:
 #   bash benchmarks/gpu.sh tests sanitize record overhead profile bench bench_bwd flex waterfall waterfall_bwd ncu ncu_bwd
-#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab bwd_breakdown bwd_patch_ab bwd_patch_tests ncu_prof
+#   bwd_variants fwd_variants o_buf stream record_bwd host bwd_ab bwd_breakdown {fwd,bwd}_patch_{ab,tests} ncu_prof
 #   calibration limits roles
 # Results go to $OUT (default ./out); each job prints a short summary last.
 set -uo pipefail
@@ -127,35 +127,48 @@ bwd_ab() {  # other backward builds against the checkout's: BWD_BEFORE="file ...
   done
   python benchmarks/bwd_ab.py "${args[@]}" --out "$OUT/bwd_ab.json" 2>&1 | grep -v Warn | tail -8
 }
-_patched_bwd() {  # kernels/bwd.py with patches/$1 applied, written to $2; a patch is made against the kernel of its
-  # day and may need refreshing after kernel changes
-  patch -s -o "$2" kernels/bwd.py "benchmarks/results/patches/$1" \
-    || { echo "patches/$1 does not apply to this kernels/bwd.py" >&2; return 1; }
+_patched() {  # kernels/$1.py with the patches in $2 applied in turn ("a.diff+b.diff", files in patches/), written to
+  # $3; a patch is made against the kernel of its day and may need refreshing after kernel changes
+  local kernel=$1 patches=$2 out=$3 p
+  cp "kernels/$kernel.py" "$out"
+  for p in ${patches//+/ }; do
+    patch -s -N -r - "$out" "benchmarks/results/patches/$p" < /dev/null \
+      || { echo "patches/$p does not apply to this kernels/$kernel.py (after those before it in $patches)" >&2; return 1; }
+  done
 }
 bwd_breakdown() {  # where each backward consumer's time goes at the tile boundary (clock reads in both consumers)
-  _patched_bwd bwd_epilogue_breakdown.diff "$OUT/bwd_breakdown.py" || return 1
+  _patched bwd bwd_epilogue_breakdown.diff "$OUT/bwd_breakdown.py" || return 1
   python benchmarks/bwd_epilogue_breakdown.py --build "$OUT/bwd_breakdown.py" --out "$OUT/bwd_epilogue_breakdown.json" \
     2>&1 | grep -v Warn | tail -12
 }
-bwd_patch_ab() {  # backward builds made of patches (BWD_PATCHES="LABEL=FILE.diff ...", files in patches/) against the
-  # checkout, kernel alone at BWD_POINTS: each build checked against the fp32 reference and dK / dV bit for bit
-  # first. A time limit: a synchronization mistake hangs rather than fails.
-  local args=() spec
-  for spec in ${BWD_PATCHES:?set BWD_PATCHES to LABEL=FILE.diff ...}; do
-    _patched_bwd "${spec#*=}" "$OUT/bwd_${spec%%=*}.py" || return 1
-    args+=(--build "${spec%%=*}=$OUT/bwd_${spec%%=*}.py")
+patch_ab() {  # $1's builds made of patches (PATCHES="LABEL=FILE.diff[+FILE.diff] ...", files in patches/) against
+  # the checkout, kernel alone at POINTS: each build checked against the fp32 reference and bit for bit (the forward's
+  # O, the backward's dK / dV) first. A time limit: a synchronization mistake hangs rather than fails.
+  local pass=$1 args=() spec
+  for spec in ${PATCHES:?set PATCHES to LABEL=FILE.diff ...}; do
+    _patched "$pass" "${spec#*=}" "$OUT/${pass}_${spec%%=*}.py" || return 1
+    args+=(--build "${spec%%=*}=$OUT/${pass}_${spec%%=*}.py")
   done
-  timeout ${BWD_AB_LIMIT:-420} python benchmarks/kernel_ab.py --pass bwd "${args[@]}" --rounds ${BWD_ROUNDS:-3} \
-    --points ${BWD_POINTS:-256,2048,0.5 256,4096,0.9 256,1024,0.9 128,1024,0.1 128,4096,0.9 dense jagged,2048,1,causal} \
-    --out "$OUT/bwd_patch_ab.json" 2>&1 | grep -v Warn | tail -${BWD_AB_TAIL:-12}
+  timeout ${AB_LIMIT:-420} python benchmarks/kernel_ab.py --pass "$pass" "${args[@]}" --rounds ${ROUNDS:-3} \
+    --points ${POINTS:-256,2048,0.5 256,4096,0.9 256,1024,0.9 128,1024,0.1 128,4096,0.9 dense jagged,2048,1,causal} \
+    --out "$OUT/${pass}_patch_ab.json" 2>&1 | grep -v Warn | tail -${AB_TAIL:-12}
 }
-bwd_patch_tests() {  # every GPU test and the sanitizers with one patch in place (BWD_PATCH=FILE.diff), then the
+patch_tests() {  # every GPU test and the sanitizers with $1's kernel patched (PATCH=FILE.diff[+FILE.diff]), then the
   # checkout restored
-  _patched_bwd "${BWD_PATCH:?set BWD_PATCH to a file in patches/}" "$OUT/bwd_patched.py" || return 1
-  cp kernels/bwd.py "$OUT/bwd_checkout.py" && cp "$OUT/bwd_patched.py" kernels/bwd.py
-  (tests) && timeout 240 bash -c "$(declare -f sanitize); sanitize"
-  cp "$OUT/bwd_checkout.py" kernels/bwd.py
+  local pass=$1
+  _patched "$pass" "${PATCH:?set PATCH to files in patches/}" "$OUT/${pass}_patched.py" || return 1
+  cp "kernels/$pass.py" "$OUT/${pass}_checkout.py" && cp "$OUT/${pass}_patched.py" "kernels/$pass.py"
+  (tests) && sanitize
+  cp "$OUT/${pass}_checkout.py" "kernels/$pass.py"
 }
+# The jobs by pass; the backward's keep their BWD_ variables (the commands recorded beside their results use them).
+fwd_patch_ab() { patch_ab fwd; }
+fwd_patch_tests() { patch_tests fwd; }
+bwd_patch_ab() {
+  PATCHES=${BWD_PATCHES:-${PATCHES:-}} ROUNDS=${BWD_ROUNDS:-${ROUNDS:-3}} POINTS=${BWD_POINTS:-${POINTS:-}} \
+    AB_LIMIT=${BWD_AB_LIMIT:-${AB_LIMIT:-420}} AB_TAIL=${BWD_AB_TAIL:-${AB_TAIL:-12}} patch_ab bwd
+}
+bwd_patch_tests() { PATCH=${BWD_PATCH:-${PATCH:-}} patch_tests bwd; }
 ncu_prof() {  # hardware counters of the forward uninstrumented (A) against tile records and spans (B), per schedule
   for s in ${NCU_SCHEDULES:-static dynamic}; do
     python -m jfa_prof ncu --schedule $s --vs-profile 1 --grid hsp --lq 256 --max-kv 2048 --sparsity 0.1 \
