@@ -177,7 +177,7 @@ def bench_table(frame: pd.DataFrame, console: Console, *, impls: Sequence[str] |
 def _rounds_ahead(r) -> str:
     """"k/n": ours faster than FA4 in k of the n rounds timed in turn with it; "–" without rounds."""
     k, n = getattr(r, "rounds_faster_than_fa4", None), getattr(r, "rounds", None)
-    return f"{int(k)}/{int(n)}" if k is not None and k == k and n else "–"
+    return f"{int(k)}/{int(n)}" if pd.notna(k) and n else "–"
 
 
 def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = None,
