@@ -20,6 +20,7 @@ it. PEEL=False masks every block so the effect can be measured.
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
+from triton.language.extra.cuda import libdevice
 
 from jfa_prof.kernels import C_CACHE
 from jfa_prof.kernels import profiling as prof
@@ -357,6 +358,7 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
     SLOW_PRODUCER: tl.constexpr = (ABLATE & 16) != 0
     SLOW_EPILOGUE: tl.constexpr = (ABLATE & 32) != 0
     DYNAMIC: tl.constexpr = SCHEDULE == 2
+    K_LEAD: tl.constexpr = 1 if NUM_STAGES == 2 else 0  # blocks the producer's K copies run ahead of V's
     # q, k, v and o come as pointers (the op) or as host-made descriptors (a caller comparing the two).
     desc_q = tma.descriptor(desc_q, q_rows, H * HEAD_DIM, q_stride, SPLIT_M, HEAD_DIM)
     desc_k = tma.descriptor(desc_k, kv_rows, (H // GROUP) * HEAD_DIM, k_stride, BLOCK_N, HEAD_DIM)
@@ -466,15 +468,24 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     tile_n, H, n_m_blocks, Lq_bcast, window, q_offsets, kv_offsets, BROADCAST_Q,
                     CAUSAL, HAS_WINDOW, BLOCK_M, BLOCK_N)
                 if n_blocks > 0:
-                    for j in range(1, n_blocks):
-                        row = kv_start + (blk_lo + j) * BLOCK_N
-                        if SLOW_PRODUCER:
-                            prof.spin(_PLANT_CYCLES)
-                        w_ke, n_ke = _load_kv(desc_k, k_tiles, k_fulls, k_empties, kv_cnt, row, kv_col,
-                                              TILE_BYTES_KV, w_ke, n_ke, NUM_STAGES, PROFILE, REUSE_KV)
-                        w_ve, n_ve = _load_kv(desc_v, v_tiles, v_fulls, v_empties, kv_cnt, row, kv_col,
-                                              TILE_BYTES_KV, w_ve, n_ve, NUM_STAGES, PROFILE, REUSE_KV)
-                        kv_cnt += 1
+                    # Block j's K slot is freed by block j-2's QK^T, its V slot only once block j-2's P.V
+                    # is done, about half a block later: in a ring two deep, K copies issued in (K, V)
+                    # pairs each waited behind the V slot before them, so there K runs a block ahead
+                    # (kernel alone 0.98-0.99x at HSP Lq=256 with short tiles, H100:
+                    # benchmarks/results/variants/fwd_ab_k_ahead_ring2_*).
+                    row0 = kv_start + blk_lo * BLOCK_N
+                    for j in range(1, n_blocks + K_LEAD):
+                        if j < n_blocks:
+                            if SLOW_PRODUCER:
+                                prof.spin(_PLANT_CYCLES)
+                            w_ke, n_ke = _load_kv(desc_k, k_tiles, k_fulls, k_empties, kv_cnt + j - 1,
+                                                  row0 + j * BLOCK_N, kv_col, TILE_BYTES_KV, w_ke, n_ke, NUM_STAGES,
+                                                  PROFILE, REUSE_KV)
+                        if j - K_LEAD >= 1:
+                            w_ve, n_ve = _load_kv(desc_v, v_tiles, v_fulls, v_empties, kv_cnt + j - K_LEAD - 1,
+                                                  row0 + (j - K_LEAD) * BLOCK_N, kv_col, TILE_BYTES_KV, w_ve, n_ve,
+                                                  NUM_STAGES, PROFILE, REUSE_KV)
+                    kv_cnt += n_blocks - 1
                     q_cnt += 1
                 if PROFILE >= 3:
                     prof.event_site_waits(rec_ptr, ev, _N_SITES, True, _PRODUCER_SITES, (w_qe, w_ke, w_ve, w_pe))
@@ -608,7 +619,10 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                 # before; kernel alone 0.98-0.99x at the HSP points with short tiles (H100,
                 # benchmarks/results/variants/fwd_ab_k_ahead_recip_*).
                 out = (acc * (1.0 / l_safe)[:, None]).to(dtype)
-                lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+                # lg2.approx (relative error below 2^-22) where libdevice's log2f is two dozen instructions and a
+                # branch per row: kernel alone 0.994-0.999x at the HSP points, H100
+                # (benchmarks/results/variants/fwd_ab_log2_lse_*).
+                lse = tl.where(seen, (m_i + libdevice.fast_log2f(l_safe)) * 0.6931471805599453, float("-inf"))
                 row_ok = row_ids < Lq
                 o_rows = (o_row0 + row_ids).to(tl.int64)
                 if not NO_O_STORE:

@@ -79,7 +79,7 @@ def test_tables(frame):
 def test_the_summary_counts_the_rounds_ours_was_ahead_of_fa4():
     # A file timed in alternated rounds (H100, 2026-12-06): at Lq=128 max=1024 s=0.5 FA4 was faster in
     # every round, at Lq=128 max=1024 s=0.1 ours was.
-    f = Path(__file__).resolve().parents[1] / "benchmarks/results/bench/bench_fwd_hsp_h100_2026-12-06b.json"
+    f = Path(__file__).resolve().parents[1] / "benchmarks/results/bench/superseded/bench_fwd_hsp_h100_2026-12-06b.json"
     buf = io.StringIO()
     summary_table(load_results(f).frame(), Console(file=buf, width=120, highlight=False), ours="jfa-dynamic")
     rows = {" ".join(line.split()[:4]): line.split()[4:] for line in buf.getvalue().splitlines()
