@@ -74,8 +74,14 @@ def counter():
 @triton.jit
 def clock32():
     """The SM clock's low 32 bits: a difference of two readings is exact (modulo 2^32) for any wait
-    under two seconds, and costs one register where clock64 takes two."""
-    return tl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r", [], dtype=tl.uint32, is_pure=False, pack=1)
+    under two seconds, and costs one register where clock64 takes two. Read as the low half of
+    %clock64, which ptxas makes a fixed-latency CS2R into an ordinary register; %clock became an
+    S2UR into a uniform one, whose use waits on a scoreboard: with it the forward's level 2 cost
+    3.6-5.7% at the HSP Lq=256 points, with this (in the KV loop, beside one read fewer there)
+    1.2-1.8% (kernel alone, H100:
+    benchmarks/results/instrumentation/fwd_l2_clock_ab_h100_2026-12-06.json)."""
+    return tl.inline_asm_elementwise("{ .reg .u64 t; mov.u64 t, %clock64; cvt.u32.u64 $0, t; }", "=r", [],
+                                     dtype=tl.uint32, is_pure=False, pack=1)
 
 
 @triton.jit
