@@ -46,3 +46,11 @@ def cuda_device():
     import torch
 
     return torch.device("cuda", 0)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A machine without CUDA, whatever this one has: live commands must stop before touching a GPU."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -19,13 +19,6 @@ POINT = "hsp Lq=256 max=2048 s=0.1"
 FA4_FILE = H200.parent / "bench_fwd_hsp_h200_2026-11-30e.json"  # timed beside FA4
 
 
-@pytest.fixture
-def no_gpu(monkeypatch):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-
-
 def _json(result):
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)

@@ -46,6 +46,10 @@ def bench(
                                                                    "measuring; no GPU needed."),
     limits: bool = typer.Option(False, "--limits", help="Also record our kernel at each point (tile records) "
                                                         "and say what keeps it from the target against FA4."),
+    against: Optional[Path] = typer.Option(None, "--against", help="An earlier result file: each point both hold, "
+                                                                   "the op as called before and after (ms, ÷fa4), "
+                                                                   "and whether the two runs' GPUs and ceilings let "
+                                                                   "them be compared."),
 ) -> None:
     """Time this kernel and its peers over a benchmark grid: median ms, TFLOPS, ratios, memory.
 
@@ -64,6 +68,11 @@ def bench(
     for path in (out if results is None else None, html, html and html.with_name(f"{html.stem}-limits{html.suffix}")):
         if path:
             check_writable(path)
+    # Read before a live run, so that minutes of timing do not end on a file that cannot be read.
+    earlier = load_results(against).filter(grid=grid, labels=label, pass_=pass_) if against is not None else None
+    if earlier is not None and not earlier.records:
+        raise BadInputError(f"{against} holds no {pass_} results" + (f" for grid {grid}" if grid else "")
+                            + (" with those labels" if label else ""), hint="pass a result file of the same pass")
     if results is not None:
         if out is not None or limits:
             flag = "--out" if out is not None else "--limits"
@@ -81,6 +90,14 @@ def bench(
         res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out, limits, causal, rounds)
         origin, provenance = "live", f"measured on {res.gpu} on {res.date}"
 
+    change = None
+    if earlier is not None:
+        from jfa_prof.analyses.runs import compare_runs
+
+        change = compare_runs(res, earlier)
+        if not change.points:
+            raise BadInputError(f"{against} holds none of these {pass_} points",
+                                hint="pass a result file of the same pass and grid")
     frame = res.frame()
     grids = "/".join(dict.fromkeys(str(g) for g in frame["grid"]))
     splits = res.splits()
@@ -107,7 +124,8 @@ def bench(
                                 "rooflines": [r.to_dict() if r else None for r in res.rooflines()],
                                 "roofline_ceilings": res.ceilings(),
                                 "time_splits": [s.to_dict() if s else None for s in splits],
-                                "point_limits": [lim.to_dict() if lim else None for lim in point_limits]},
+                                "point_limits": [lim.to_dict() if lim else None for lim in point_limits],
+                                "against": change.to_dict() if change else None},
                                indent=1))
         return
     console = Console(highlight=False, soft_wrap=True)
@@ -118,6 +136,9 @@ def bench(
                           ceilings=res.ceilings())
     render.limits_table(res.labels(), point_limits, splits, console,
                         title=f"{pass_} · what limits each point · {provenance}")
+    if change is not None:
+        render.runs_change_table(change, console,
+                                 title=f"{pass_} · {grids} · the op as called against {against.name}")
     if any(splits) and not any(point_limits):
         console.print("[yellow]time splits recorded, but no verdict: one needs FA4's time at the point and a target "
                       f"for its grid ({', '.join(f'{p} {g}' for p, g in TARGETS)})[/]")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
 
 __all__ = ["BEST_CALL", "FA4_CALL", "FA4_GPU", "bench_table", "facets", "impl_order", "limits_figure", "limits_table",
-           "ratio_name", "roofline_table", "summary_table", "tflops_figure", "vs_fa4_figure"]
+           "ratio_name", "roofline_table", "runs_change_table", "summary_table", "tflops_figure", "vs_fa4_figure"]
 
 # Two different ratios to FA4 are shown, and they can differ twofold at one point (0.55 and 1.22):
 # over whole calls (``ms``: the host's work in each call included) and over GPU time alone
@@ -206,6 +206,37 @@ def summary_table(frame: pd.DataFrame, console: Console, *, ours: str | None = N
     console.print(table)
     console.print("[dim]rounds ahead: the rounds (each timing every call in turn) in which ours was faster "
                   "than FA4; a clock that moves between rounds moves both calls of a round alike[/]", soft_wrap=False)
+
+
+def runs_change_table(change, console: Console, *, title: str = "against an earlier run") -> None:
+    """A row per point both runs hold (`analyses.runs.RunsChange`): the op as called in ms before and
+    after, the change, and its ratio to FA4 per call before and after; then what keeps the two runs
+    from being compared (another GPU, ceilings that moved)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (("workload", "left"), ("bound", "left"), ("ms before", "right"), ("ms after", "right"),
+                          ("change", "right"), (f"{FA4_CALL}\nbefore", "right"), (f"{FA4_CALL}\nafter", "right"),
+                          ("rounds\nahead", "right")):
+        table.add_column(escape(name), justify=justify, no_wrap=True)
+    for p in change.points:
+        delta = p.time_change
+        colour = "" if delta is None or abs(delta) < 0.01 else ("green" if delta < 0 else "red")
+        ahead = f"{p.ahead_after}/{p.rounds_after}" if p.ahead_after is not None and p.rounds_after else "–"
+        table.add_row(escape(p.label), p.bound or "–", _num(p.ms_before, ".3f"), _num(p.ms_after, ".3f"),
+                      f"[{colour}]{delta:+.1%}[/]" if colour else _num(delta, "+.1%"),
+                      _num(p.fa4_before, ".2f"), _num(p.fa4_after, ".2f"), ahead)
+    console.print(table)
+    n = len(change.points)
+    gb, ga = change.geomean_fa4("before"), change.geomean_fa4("after")
+    if gb is not None and ga is not None:
+        console.print(f"{FA4_CALL}: geomean {gb:.2f} -> {ga:.2f}; at least FA4's speed at "
+                      f"{change.at_least_fa4('before')} -> {change.at_least_fa4('after')} of {n} points")
+    console.print(f"[dim]before: {escape(change.before)} ({escape(str(change.ours_before))}); "
+                  f"after: {escape(change.after)} ({escape(str(change.ours_after))})[/]", soft_wrap=False)
+    for side, labels in (("only in the earlier run", change.only_before), ("only in the later run", change.only_after)):
+        if labels:
+            console.print(f"[dim]{side}: {escape(', '.join(labels))}[/]", soft_wrap=False)
+    for c in change.caveats:
+        console.print(f"[yellow]not comparable as it stands: {escape(c)}[/]", soft_wrap=False)
 
 
 def roofline_table(frame: pd.DataFrame, console: Console, *, ours: str | None = None,
