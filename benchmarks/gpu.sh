@@ -142,7 +142,8 @@ bwd_breakdown() {  # where each backward consumer's time goes at the tile bounda
     2>&1 | grep -v Warn | tail -12
 }
 patch_ab() {  # $1's builds made of patches (PATCHES="LABEL=FILE.diff[+FILE.diff] ...", files in patches/) against
-  # the checkout, kernel alone at POINTS: each build checked against the fp32 reference and bit for bit (the forward's
+  # the checkout, kernel alone at POINTS, each at the instrumentation LEVELS (default 0; "0 2" times an instrumentation
+  # patch's cost beside the plain kernel): each build checked against the fp32 reference and bit for bit (the forward's
   # O, the backward's dK / dV) first. A time limit: a synchronization mistake hangs rather than fails.
   local pass=$1 args=() spec
   for spec in ${PATCHES:?set PATCHES to LABEL=FILE.diff ...}; do
@@ -150,6 +151,7 @@ patch_ab() {  # $1's builds made of patches (PATCHES="LABEL=FILE.diff[+FILE.diff
     args+=(--build "${spec%%=*}=$OUT/${pass}_${spec%%=*}.py")
   done
   timeout ${AB_LIMIT:-420} python benchmarks/kernel_ab.py --pass "$pass" "${args[@]}" --rounds ${ROUNDS:-3} \
+    --levels ${LEVELS:-0} \
     --points ${POINTS:-256,2048,0.5 256,4096,0.9 256,1024,0.9 128,1024,0.1 128,4096,0.9 dense jagged,2048,1,causal} \
     --out "$OUT/${pass}_patch_ab.json" 2>&1 | grep -v Warn | tail -${AB_TAIL:-12}
 }
