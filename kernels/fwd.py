@@ -264,10 +264,7 @@ def _consume_block(q_buf, k_tiles, v_tiles, k_fulls, k_empties, v_fulls, v_empti
         n_turn += 1
     else:
         tlx.barrier_wait(k_fulls[idx], phase)
-        if cid == 0:
-            tlx.named_barrier_wait(_TURN_0, _CONSUMER_THREADS)
-        else:
-            tlx.named_barrier_wait(_TURN_1, _CONSUMER_THREADS)
+        tlx.named_barrier_wait(_TURN_0 if cid == 0 else _TURN_1, _CONSUMER_THREADS)
     qk = tlx.async_dot(q_buf, tlx.local_trans(k_tiles[idx]))
     if cid == 0:
         tlx.named_barrier_arrive(_TURN_1, _CONSUMER_THREADS)
