@@ -10,6 +10,7 @@ more than the noise of one run, the comparison says so, and names the points it 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -53,10 +54,7 @@ class RunsChange:
     def geomean_fa4(self, which: str) -> float | None:
         """The geometric mean of ÷fa4 over the points both runs have (``which``: before or after)."""
         values = [getattr(p, f"fa4_{which}") for p in self.points]
-        values = [v for v in values if v]
-        if not values or len(values) < len(self.points):
-            return None
-        return math.exp(sum(math.log(v) for v in values) / len(values))
+        return statistics.geometric_mean(values) if values and all(values) else None
 
     def at_least_fa4(self, which: str) -> int:
         """Points at which ours was at least FA4's speed per call."""

@@ -71,8 +71,7 @@ def bench(
     # Read before a live run, so that minutes of timing do not end on a file that cannot be read.
     earlier = load_results(against).filter(grid=grid, labels=label, pass_=pass_) if against is not None else None
     if earlier is not None and not earlier.records:
-        raise BadInputError(f"{against} holds no {pass_} results" + (f" for grid {grid}" if grid else "")
-                            + (" with those labels" if label else ""), hint="pass a result file of the same pass")
+        raise BadInputError(_holds_none(against, pass_, grid, label), hint="pass a result file of the same pass")
     if results is not None:
         if out is not None or limits:
             flag = "--out" if out is not None else "--limits"
@@ -83,8 +82,7 @@ def bench(
                                 "'causal' in their labels", hint="drop --causal, or pass --label '... causal'")
         res = load_results(results).filter(grid=grid, labels=label, pass_=pass_)
         if not res.records:
-            raise BadInputError(f"{results} holds no {pass_} results"
-                                + (f" for grid {grid}" if grid else "") + (" with those labels" if label else ""))
+            raise BadInputError(_holds_none(results, pass_, grid, label))
         origin, provenance = "recorded", res.provenance()
     else:
         res = _measure(pass_, grid or "hsp", label, peers, schedule, rep_ms, out, limits, causal, rounds)
@@ -154,6 +152,12 @@ def bench(
     for page in (html, limits_html):
         if page is not None:
             console.print(f"wrote {page}")
+
+
+def _holds_none(path: Path, pass_: str, grid: Optional[str], labels) -> str:
+    """What a result file filtered to nothing lacks, for the error that says so."""
+    return (f"{path} holds no {pass_} results" + (f" for grid {grid}" if grid else "")
+            + (" with those labels" if labels else ""))
 
 
 def _measure(pass_: str, grid: str, labels, peers: str, schedule: str, rep_ms: int, out: Optional[Path],
