@@ -5,10 +5,15 @@ forward) at PROFILE level 0, 1 (tile records and role spans), 2 (+ barrier-wait 
 event record per tile and warp role) and 0 again (the repeat gives the noise). Kernel alone:
 CUPTI durations (medians of `--launches` launches) in `--rounds` rounds that alternate all five,
 so a clock drifting over the run spreads over every level; a level's figure is the median of its
-rounds, its cost the ratio to the faster level-0 figure. Every level's output is checked bit for
-bit against level 0's (dK and dV in the backward; dQ's reduce-adds may add in any order).
+rounds, its cost the ratio to the faster level-0 figure. Where the clock drifts within a run (long
+kernels on a power-capped GPU: the two level-0 figures then differ by several percent), the paired
+figure is the steadier one: per round, the level over the mean of the two level-0 figures that
+bracket it in that round, median over rounds (`paired_cost_*_pct`); many rounds of few launches
+interleave the levels finest. Every level's output is checked bit for bit against level 0's (dK and
+dV in the backward; dQ's reduce-adds may add in any order).
 
     python benchmarks/roles_cost.py --out benchmarks/results/instrumentation/roles_cost.json
+    python benchmarks/roles_cost.py --rounds 25 --launches 2 --points 256,4096,0.9 --out FILE
 """
 import argparse
 import json
@@ -45,6 +50,12 @@ n_ctas = torch.cuda.get_device_properties(device).multi_processor_count
 
 def pct(a: float, b: float) -> float:
     return 100 * (a / b - 1)
+
+
+def paired_pct(rounds: dict[str, list[float]], name: str) -> float:
+    """The level's cost round by round against the mean of that round's two level-0 figures, median."""
+    bracket = [(a + b) / 2 for a, b in zip(rounds["off"], rounds["off_again"])]
+    return 100 * (timing.paired_rounds(rounds[name], bracket)["ratio"] - 1)
 
 
 def fwd_runner(w, x):
@@ -101,13 +112,15 @@ for pass_ in args.passes:
         k = {name: statistics.median(r) for name, r in rounds.items()}
         k0 = min(k["off"], k["off_again"])
         row.update(kernel_ms=k, kernel_rounds=rounds, noise_pct=100 * abs(k["off"] / k["off_again"] - 1),
-                   **{f"cost_{name}_pct": pct(k[name], k0) for name, p in LEVELS if p})
+                   **{f"cost_{name}_pct": pct(k[name], k0) for name, p in LEVELS if p},
+                   **{f"paired_cost_{name}_pct": paired_pct(rounds, name) for name, p in LEVELS if p})
         rows.append(row)
         print(f"{pass_} {w.label:28s} {k0:.3f} ms  level 1 {row['cost_tiles_pct']:+.1f}%  level 2 "
               f"{row['cost_waits_pct']:+.1f}%  level 3 {row['cost_roles_pct']:+.1f}%"
               + (f" (every {args.sample}th tile {row[f'cost_roles_sample{args.sample}_pct']:+.1f}%)"
                  if args.sample else "")
-              + f"  (noise {row['noise_pct']:.1f}%)"
+              + f"  (noise {row['noise_pct']:.1f}%; paired: level 1 {row['paired_cost_tiles_pct']:+.1f}%, level 2 "
+                f"{row['paired_cost_waits_pct']:+.1f}%, level 3 {row['paired_cost_roles_pct']:+.1f}%)"
               f"{'' if row['bitwise_equal_levels'] else '  OUTPUTS DIFFER'}", flush=True)
         save(rows)
 

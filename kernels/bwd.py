@@ -55,8 +55,6 @@ per tile (BLOCK is the KV block, N_BLOCKS the query blocks visited); at level 2 
 role spent at its wait sites (`records.ROLE_SITES`), at level 3 also one event record per tile and
 role: its window, a mark and its waits within the tile.
 """
-import os
-
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
@@ -213,18 +211,10 @@ def _query_block_range(n0, Lq, Lk, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.
     return m_lo, m_hi
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    # Triton's interpreter has no inline asm, and no compiler hoisting to prevent either.
-    @triton.jit
-    def _opaque(x):
-        return x
-else:
-    @triton.jit
-    def _opaque(x):
-        """x, through an instruction the compiler may not move: offset tiles built from it are
-        rebuilt per tile instead of hoisted out of the persistent loop, where they would hold ~150
-        registers for the whole kernel and push the accumulators into local memory."""
-        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+# x through an instruction the compiler may not move: offset tiles built from it are rebuilt per tile
+# instead of hoisted out of the persistent loop, where they would hold ~150 registers for the whole
+# kernel and push the accumulators into local memory.
+_opaque = prof.opaque
 
 
 # Sequences whose prefix-sum entries one vector load fetches when decoding the next tile.

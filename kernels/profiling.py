@@ -7,6 +7,8 @@ here runs under `if PROFILE` checks, so at level 0 none of it reaches the compil
 clock or timer reads in the PTX. The record layout itself lives
 in `jfa_prof.records`; these constexprs mirror its enums so kernels never hard-code an offset.
 """
+import os
+
 import triton
 import triton.language as tl
 import triton.language.extra.tlx as tlx
@@ -51,6 +53,19 @@ E_C_START = tl.constexpr(int(Event.C_START))
 E_C_END = tl.constexpr(int(Event.C_END))
 E_VALID = tl.constexpr(int(Event.VALID))
 E_FIXED = tl.constexpr(EVENT_FIXED_WORDS)
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # Triton's interpreter has no inline asm, and no compiler hoisting to prevent either.
+    @triton.jit
+    def opaque(x):
+        return x
+else:
+    @triton.jit
+    def opaque(x):
+        """x (int32), through an instruction the compiler may not move or fold: what is built from it
+        is rebuilt where it is used instead of hoisted out of a loop into registers held throughout."""
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -227,7 +242,12 @@ def event_base(rec_ptr, waits_off, tile_cap, pos, role, n_progs, n_roles: tl.con
                SAMPLE: tl.constexpr):
     """The record of tile `pos` for `role`, or a null offset (-1) when the tile is not sampled or
     its slot is past the section's end (then the drop counter moves)."""
-    events_off = waits_off + n_progs * n_roles * n_sites * WAIT_WORDS_C
+    # Through an opaque move, so the section's address is rebuilt per record instead of hoisted out of the
+    # persistent loop: hoisted, the addresses made from it spilled (the forward's 128-key level-3 build: 180
+    # bytes, 32 local loads, some at every tile); rebuilt, none. Kernel alone, H100, level 3 over level 0 at
+    # three HSP Lq=256 points: 1.119 / 1.050 / 1.041x against 1.124 / 1.059 / 1.067x
+    # (benchmarks/results/instrumentation/l3_opaque_events_ab_fwd_h100_2026-12-06.json).
+    events_off = opaque(waits_off) + n_progs * n_roles * n_sites * WAIT_WORDS_C
     cap = (tile_cap + SAMPLE - 1) // SAMPLE
     grp = pos // SAMPLE
     off = tl.full([], -1, tl.int64)
