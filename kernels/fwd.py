@@ -442,8 +442,14 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
             nxt = _next_position(pos, n_progs, queue_ptr, DYNAMIC)
             while pos < n_work:
                 if PROFILE >= 3:
-                    ev = prof.event_base(rec_ptr, rec_waits_off, rec_tile_cap, pos, 0, n_progs, _N_ROLES, _N_SITES,
-                                         SAMPLE)
+                    # The event offset through an opaque move (here and in the consumers), so the record addresses
+                    # are rebuilt per record instead of hoisted out of the persistent loop: hoisted, they spilled
+                    # (the 128-key build: 180 bytes, 32 local loads, some at every tile); rebuilt, none. Kernel
+                    # alone, H100, level 3 over level 0 at three HSP Lq=256 points: 1.119 / 1.050 / 1.041x against
+                    # 1.124 / 1.059 / 1.067x (benchmarks/results/instrumentation/l3_opaque_events_ab_fwd_*). The
+                    # backward's spilled more with it (48 bytes against 24): not there.
+                    ev = prof.event_base(rec_ptr, prof.opaque(rec_waits_off), rec_tile_cap, pos, 0, n_progs, _N_ROLES,
+                                         _N_SITES, SAMPLE)
                     prof.event_start(rec_ptr, ev, pid, prof.globaltimer(), tlx.clock64())
                     prof.event_site_waits(rec_ptr, ev, _N_SITES, False, _PRODUCER_SITES, (w_qe, w_ke, w_ve, w_pe))
                 for c in tl.static_range(2):
@@ -552,8 +558,8 @@ def _jfa_fwd(desc_q, desc_k, desc_v, desc_o, o_ptr, lse_ptr, q_offsets, kv_offse
                     t0 = prof.globaltimer()
                     c0 = tlx.clock64()
                 if PROFILE >= 3:
-                    ev = prof.event_base(rec_ptr, rec_waits_off, rec_tile_cap, pos, 1 + cid, n_progs, _N_ROLES,
-                                         _N_SITES, SAMPLE)
+                    ev = prof.event_base(rec_ptr, prof.opaque(rec_waits_off), rec_tile_cap, pos, 1 + cid, n_progs,
+                                         _N_ROLES, _N_SITES, SAMPLE)
                     prof.event_start(rec_ptr, ev, pid, t_take, c_take)
                     prof.event_site_waits(rec_ptr, ev, _N_SITES, False, _CONSUMER_SITES,
                                           (w_qf, w_kf, w_vf, w_turn, w_pf_take))

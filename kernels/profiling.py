@@ -241,13 +241,9 @@ def spin(cycles: tl.constexpr):
 def event_base(rec_ptr, waits_off, tile_cap, pos, role, n_progs, n_roles: tl.constexpr, n_sites: tl.constexpr,
                SAMPLE: tl.constexpr):
     """The record of tile `pos` for `role`, or a null offset (-1) when the tile is not sampled or
-    its slot is past the section's end (then the drop counter moves)."""
-    # Through an opaque move, so the section's address is rebuilt per record instead of hoisted out of the
-    # persistent loop: hoisted, the addresses made from it spilled (the forward's 128-key level-3 build: 180
-    # bytes, 32 local loads, some at every tile); rebuilt, none. Kernel alone, H100, level 3 over level 0 at
-    # three HSP Lq=256 points: 1.119 / 1.050 / 1.041x against 1.124 / 1.059 / 1.067x
-    # (benchmarks/results/instrumentation/l3_opaque_events_ab_fwd_h100_2026-12-06.json).
-    events_off = opaque(waits_off) + n_progs * n_roles * n_sites * WAIT_WORDS_C
+    its slot is past the section's end (then the drop counter moves). A kernel whose record
+    addresses, hoisted out of its persistent loop, would spill passes `waits_off` through `opaque`."""
+    events_off = waits_off + n_progs * n_roles * n_sites * WAIT_WORDS_C
     cap = (tile_cap + SAMPLE - 1) // SAMPLE
     grp = pos // SAMPLE
     off = tl.full([], -1, tl.int64)

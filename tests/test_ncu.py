@@ -741,7 +741,8 @@ def test_spills_compiles_the_build_that_launches(profile, spills):
     """`jfa-prof spills` compiles with the pointer alignment a launch has, on which ptxas's register
     allocation depends: the level-1 forward of commit e5d7771 spilled only with it, as in ncu's
     local-memory counters above. Since the tile mailbox and the 32-bit wait counters only level 3
-    spilled, and since its event offset is rebuilt per record (`profiling.event_base`) no level does."""
+    spilled, and since its event offset is rebuilt per record (`prof.opaque` where it calls `event_base`) no
+    level does."""
     from jfa_prof import compile as jcompile
     from jfa_prof.kernels.registry import all_variants
 
