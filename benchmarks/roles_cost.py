@@ -13,7 +13,7 @@ interleave the levels finest. Every level's output is checked bit for bit agains
 dV in the backward; dQ's reduce-adds may add in any order).
 
     python benchmarks/roles_cost.py --out benchmarks/results/instrumentation/roles_cost.json
-    python benchmarks/roles_cost.py --rounds 25 --launches 2 --points 256,4096,0.9 --out FILE
+    python benchmarks/roles_cost.py --rounds 21 --launches 1 --points 256,4096,0.9 --out FILE
 """
 import argparse
 import json
